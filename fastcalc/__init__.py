@@ -1,0 +1,14 @@
+"""fastcalc: fast ASE calculators for machine-learned interatomic potentials."""
+
+from .calculator import InvalidAtomsError, PotentialCalculator, TorchCalculator
+from .neighbors import NeighborOverflowError, VerletNeighborList, neighbor_list
+
+__all__ = [
+    "InvalidAtomsError",
+    "NeighborOverflowError",
+    "PotentialCalculator",
+    "TorchCalculator",
+    "VerletNeighborList",
+    "neighbor_list",
+]
+__version__ = "0.1.0"

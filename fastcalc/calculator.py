@@ -1,0 +1,196 @@
+"""The ASE calculator machinery shared by every fastcalc model.
+
+:class:`TorchCalculator` turns an ``Atoms`` into tensors, checks it, builds the
+neighbor list (Verlet skin) and the bucketed edge list, and hands them to
+:meth:`TorchCalculator.evaluate`, which a model implements. Results come back as
+float64 numpy arrays in eV, eV/Å and eV/Å³ (stress as ASE's Voigt 6-vector).
+:class:`PotentialCalculator` plugs any torch energy function into the same path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+import numpy as np
+import torch
+from ase import Atoms
+from ase.calculators.calculator import (
+    Calculator,
+    InputError,
+    PropertyNotImplementedError,
+    all_changes,
+)
+from ase.data import chemical_symbols
+from ase.stress import full_3x3_to_voigt_6_stress
+
+from .buckets import PaddedEdges, pad_edges, padding_cell
+from .geometry import energy_forces_stress
+from .neighbors import NeighborOverflowError, VerletNeighborList
+
+__all__ = ["InvalidAtomsError", "PotentialCalculator", "TorchCalculator", "resolve_device"]
+
+#: ``atoms.info`` keys that change a model's result without changing the Atoms.
+INFO_KEYS = ("charge", "spin")
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class InvalidAtomsError(InputError, ValueError):
+    """The Atoms cannot be evaluated (NaN positions, a degenerate cell, ...)."""
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device``, or CUDA when available and CPU otherwise for ``None``."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def check_atoms(atoms: Atoms, supported_numbers: Collection[int] | None) -> None:
+    """Raise :class:`InvalidAtomsError` naming what makes ``atoms`` unusable."""
+    if len(atoms) == 0:
+        raise InvalidAtomsError("the Atoms object is empty: there is nothing to compute")
+    bad = ~np.isfinite(atoms.positions).all(axis=1)
+    if bad.any():
+        raise InvalidAtomsError(
+            f"positions of atoms {np.flatnonzero(bad)[:10].tolist()} are NaN or infinite"
+        )
+    cell = atoms.cell.array
+    if not np.isfinite(cell).all():
+        raise InvalidAtomsError(f"the cell has NaN or infinite entries: {cell.tolist()}")
+    periodic = cell[atoms.pbc]
+    if len(periodic) and np.linalg.matrix_rank(periodic, tol=1e-8) < len(periodic):
+        axes = "".join("abc"[a] for a in np.flatnonzero(atoms.pbc))
+        raise InvalidAtomsError(
+            f"pbc={atoms.pbc.tolist()} but the periodic cell vectors ({axes}) are zero or "
+            f"linearly dependent: cell={cell.tolist()}; set a cell or turn pbc off"
+        )
+    if supported_numbers is not None:
+        unsupported = sorted(set(atoms.numbers.tolist()) - set(supported_numbers))
+        if unsupported:
+            names = ", ".join(_symbol(z) for z in unsupported)
+            allowed = ", ".join(_symbol(z) for z in sorted(supported_numbers))
+            raise InvalidAtomsError(f"the model does not support {names}; it supports {allowed}")
+
+
+def _symbol(number: int) -> str:
+    return chemical_symbols[number] if 0 <= number < len(chemical_symbols) else f"Z={number}"
+
+
+class TorchCalculator(Calculator):
+    """Base of fastcalc's ASE calculators; subclasses implement :meth:`evaluate`.
+
+    ``cutoff`` is the model's interaction range in Å. ``skin`` (default 0.5 Å)
+    is the Verlet skin of the neighbor list: the search is redone only after an
+    atom moved more than ``skin / 2``; results do not depend on it. Edge lists
+    are padded to multiples of ``bucket_size``. ``max_neighbors`` bounds the
+    neighbours per atom (an error beyond it, typically wrong units).
+    """
+
+    implemented_properties = ["energy", "free_energy", "forces", "stress"]
+
+    def __init__(
+        self,
+        cutoff: float,
+        *,
+        supported_numbers: Collection[int] | None = None,
+        device: str | torch.device | None = None,
+        dtype: str = "float32",
+        skin: float = 0.5,
+        bucket_size: int = 1024,
+        max_neighbors: int = 4096,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        self.cutoff = float(cutoff)
+        self.supported_numbers = None if supported_numbers is None else frozenset(supported_numbers)
+        self.device = resolve_device(device)
+        self.dtype = _DTYPES[dtype]
+        self.bucket_size = bucket_size
+        self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
+
+    def evaluate(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        numbers: torch.Tensor,
+        edges: PaddedEdges,
+        compute_stress: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Energy (scalar), forces ``(N, 3)`` and stress ``(3, 3)`` or None, in eV and Å.
+
+        ``cell`` has no zero vector (see :func:`fastcalc.buckets.padding_cell`);
+        ``edges`` holds the bucketed edges closer than the cutoff, padded edges
+        lying beyond it. Stress is asked for on fully periodic systems only.
+        """
+        raise NotImplementedError
+
+    def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
+        changes = super().check_state(atoms, tol)
+        if self.atoms is not None and any(
+            self.atoms.info.get(key) != atoms.info.get(key) for key in INFO_KEYS
+        ):
+            changes.append("info")
+        return changes
+
+    def calculate(
+        self,
+        atoms: Atoms | None = None,
+        properties: Collection[str] = ("energy",),
+        system_changes: list[str] = all_changes,
+    ) -> None:
+        super().calculate(atoms, properties, system_changes)
+        atoms = self.atoms
+        check_atoms(atoms, self.supported_numbers)
+        periodic = bool(atoms.pbc.all())
+        if "stress" in properties and not periodic:
+            raise PropertyNotImplementedError(
+                f"stress needs a system periodic along all three axes; pbc={atoms.pbc.tolist()}"
+            )
+        positions = torch.tensor(atoms.positions, dtype=self.dtype, device=self.device)
+        cell = torch.tensor(atoms.cell.array, dtype=self.dtype, device=self.device)
+        pbc = torch.tensor(atoms.pbc, device=self.device)
+        numbers = torch.tensor(atoms.numbers, dtype=torch.long, device=self.device)
+        try:
+            edge_index, unit_shifts = self.neighbors(positions, cell, pbc)
+        except NeighborOverflowError as error:
+            raise InvalidAtomsError(str(error)) from error
+        model_cell = padding_cell(cell, self.cutoff)
+        edges = pad_edges(edge_index, unit_shifts, model_cell, self.cutoff, self.bucket_size)
+        energy, forces, stress = self.evaluate(positions, model_cell, numbers, edges, periodic)
+        self.results = {
+            "energy": float(energy),
+            "free_energy": float(energy),
+            "forces": _to_numpy(forces),
+        }
+        if stress is not None:
+            self.results["stress"] = full_3x3_to_voigt_6_stress(_to_numpy(stress))
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A float64 numpy copy, detached from any graph or reused buffer."""
+    return tensor.detach().to("cpu", torch.float64).numpy().copy()
+
+
+EnergyFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PaddedEdges], torch.Tensor]
+
+
+class PotentialCalculator(TorchCalculator):
+    """An ASE calculator around any torch energy function.
+
+    ``energy_fn(positions, cell, numbers, edges)`` returns the total energy in eV;
+    it may use :func:`fastcalc.geometry.edge_vectors` and must give zero for
+    edges beyond ``cutoff`` (or drop them with ``edges.edge_mask``). Forces and
+    stress come from autograd.
+    """
+
+    def __init__(self, energy_fn: EnergyFunction, cutoff: float, **kwargs) -> None:
+        super().__init__(cutoff, **kwargs)
+        self.energy_fn = energy_fn
+
+    def evaluate(self, positions, cell, numbers, edges, compute_stress):
+        return energy_forces_stress(
+            lambda x, c: self.energy_fn(x, c, numbers, edges), positions, cell, compute_stress
+        )

@@ -1,0 +1,49 @@
+"""Differentiable geometry: edge vectors, and energy → forces and stress in one pass.
+
+These functions run inside compiled or traced model code: everything a force
+depends on is computed here from positions, cell and integer topology.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = ["edge_vectors", "energy_forces_stress"]
+
+
+def edge_vectors(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    edge_index: torch.Tensor,
+    unit_shifts: torch.Tensor,
+) -> torch.Tensor:
+    """``positions[j] - positions[i] + unit_shifts @ cell`` for every edge ``(i, j)``."""
+    i, j = edge_index
+    return positions[j] - positions[i] + unit_shifts.to(cell.dtype) @ cell
+
+
+def energy_forces_stress(
+    energy_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    compute_stress: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Energy, forces ``-dE/dx`` and stress ``(1/V) dE/dε`` (3x3) from one backward pass.
+
+    ``energy_fn(positions, cell)`` returns the total energy. Stress comes from a
+    homogeneous strain ``ε`` applied to positions and cell alike, ASE's sign
+    convention (positive under tension). Without ``compute_stress`` the stress is None.
+    """
+    positions = positions.detach().requires_grad_(True)
+    if not compute_stress:
+        energy = energy_fn(positions, cell)
+        (grad,) = torch.autograd.grad(energy, positions)
+        return energy.detach(), -grad, None
+    strain = torch.zeros((3, 3), dtype=positions.dtype, device=positions.device, requires_grad=True)
+    deformation = torch.eye(3, dtype=positions.dtype, device=positions.device) + strain
+    energy = energy_fn(positions @ deformation, cell @ deformation)
+    grad, virial = torch.autograd.grad(energy, (positions, strain))
+    volume = torch.linalg.det(cell).abs()
+    return energy.detach(), -grad, virial / volume

@@ -1,0 +1,131 @@
+"""fastcalc.neighbors.neighbor_list returns exactly ASE's ``neighbor_list("ijS")`` edges."""
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import bulk, fcc111, molecule
+from ase.neighborlist import neighbor_list as ase_neighbor_list
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fastcalc.neighbors import NeighborOverflowError, neighbor_list
+
+
+def ours(atoms: Atoms, cutoff: float, **kwargs) -> list[tuple]:
+    edge_index, shifts = neighbor_list(
+        torch.tensor(atoms.positions),
+        torch.tensor(atoms.cell.array),
+        torch.tensor(atoms.pbc),
+        cutoff,
+        **kwargs,
+    )
+    assert edge_index.dtype == shifts.dtype == torch.int64
+    assert edge_index.shape[0] == 2 and shifts.shape == (edge_index.shape[1], 3)
+    return sorted(zip(*edge_index.tolist(), *shifts.T.tolist()))
+
+
+def ase_edges(atoms: Atoms, cutoff: float) -> list[tuple]:
+    i, j, shifts = ase_neighbor_list("ijS", atoms, cutoff)
+    return sorted(zip(i.tolist(), j.tolist(), *shifts.T.tolist()))
+
+
+def rattled(atoms: Atoms, seed: int = 0) -> Atoms:
+    atoms.rattle(0.1, seed=seed)
+    return atoms
+
+
+def triclinic(pbc) -> Atoms:
+    rng = np.random.default_rng(3)
+    cell = np.eye(3) * 4 + rng.normal(scale=1.2, size=(3, 3))
+    return Atoms("Cu7", scaled_positions=rng.random((7, 3)), cell=cell, pbc=pbc)
+
+
+STRUCTURES = {
+    "fcc bulk": lambda: rattled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)),
+    "primitive cell smaller than cutoff": lambda: bulk("Cu", "fcc", a=3.6),
+    "single atom, periodic": lambda: Atoms("Cu", cell=np.eye(3) * 2.5, pbc=True),
+    "single atom, isolated": lambda: Atoms("Cu", positions=[[1.0, 2.0, 3.0]]),
+    "triclinic": lambda: triclinic(True),
+    "left-handed": lambda: Atoms(triclinic(True).numbers, positions=triclinic(True).positions,
+                                 cell=-triclinic(True).cell.array, pbc=True),
+    "positions outside the cell": lambda: Atoms(
+        triclinic(True).numbers, positions=triclinic(True).positions + [13.0, -9.0, 21.0],
+        cell=triclinic(True).cell, pbc=True),
+    "mixed pbc": lambda: triclinic([True, False, True]),
+    "molecule, zero cell": lambda: molecule("CH3CH2OH"),
+    "molecule in a cell": lambda: Atoms(molecule("C6H6"), cell=np.eye(3) * 3, pbc=False),
+    "slab, zero vacuum vector": lambda: Atoms(
+        fcc111("Cu", (2, 2, 3), vacuum=None, periodic=False).symbols,
+        positions=fcc111("Cu", (2, 2, 3)).positions,
+        cell=np.vstack([fcc111("Cu", (2, 2, 3)).cell.array[:2], np.zeros(3)]),
+        pbc=[True, True, False]),
+    "wire, one periodic axis": lambda: Atoms(
+        "Cu3", positions=[[0, 0, 0], [1.2, 1.3, 0.4], [0.3, -1.8, 1.1]],
+        cell=[[0, 0, 0], [0, 0, 0], [0, 0, 2.4]], pbc=[False, False, True]),
+}
+
+
+@pytest.mark.parametrize("name", STRUCTURES)
+@pytest.mark.parametrize("cutoff", [2.0, 5.0])
+def test_matches_ase(name, cutoff):
+    atoms = STRUCTURES[name]()
+    assert ours(atoms, cutoff) == ase_edges(atoms, cutoff)
+
+
+def test_many_neighbours_are_all_found():
+    """A dense cluster overflows the initial matrix width; no edge may be lost."""
+    rng = np.random.default_rng(1)
+    atoms = Atoms("H300", positions=rng.random((300, 3)) * 4.0, cell=np.eye(3) * 20, pbc=True)
+    edges = ours(atoms, 4.0)
+    assert len(edges) > 300 * 200
+    assert edges == ase_edges(atoms, 4.0)
+
+
+def test_overflow_beyond_the_limit_is_an_error():
+    atoms = rattled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2))
+    with pytest.raises(NeighborOverflowError, match="neighbours within 5 Å"):
+        ours(atoms, 5.0, max_neighbors=20)
+
+
+def test_degenerate_periodic_cell_is_an_error():
+    atoms = Atoms("Cu2", positions=[[0, 0, 0], [1, 1, 1]], cell=[[3, 0, 0], [6, 0, 0], [0, 0, 3]],
+                  pbc=True)
+    with pytest.raises(ValueError, match="linearly dependent"):
+        ours(atoms, 3.0)
+
+
+def test_batch_equals_systems_one_by_one():
+    systems = [STRUCTURES["fcc bulk"](), STRUCTURES["triclinic"](), STRUCTURES["mixed pbc"]()]
+    positions = torch.tensor(np.concatenate([a.positions for a in systems]))
+    cells = torch.tensor(np.stack([a.cell.array for a in systems]))
+    pbcs = torch.tensor(np.stack([a.pbc for a in systems]))
+    system_index = torch.repeat_interleave(torch.arange(3), torch.tensor([len(a) for a in systems]))
+    edge_index, shifts = neighbor_list(positions, cells, pbcs, 4.0, system_index=system_index)
+    got = sorted(zip(*edge_index.tolist(), *shifts.T.tolist()))
+    expected, offset = [], 0
+    for atoms in systems:
+        expected += [(i + offset, j + offset, *s) for i, j, *s in ase_edges(atoms, 4.0)]
+        offset += len(atoms)
+    assert got == sorted(expected)
+
+
+@st.composite
+def random_systems(draw):
+    n_atoms = draw(st.integers(1, 12))
+    pbc = draw(st.lists(st.booleans(), min_size=3, max_size=3))
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    cell = np.diag(rng.uniform(1.5, 7.0, 3)) + rng.uniform(-1.5, 1.5, (3, 3))
+    if draw(st.booleans()):
+        cell = cell[[1, 0, 2]]  # left-handed
+    positions = rng.uniform(-0.5, 1.5, (n_atoms, 3)) @ cell
+    for axis in range(3):
+        if not pbc[axis] and draw(st.booleans()):
+            cell[axis] = 0.0
+    return Atoms(numbers=[1] * n_atoms, positions=positions, cell=cell, pbc=pbc)
+
+
+@given(atoms=random_systems(), cutoff=st.floats(0.5, 6.0))
+def test_random_systems_match_ase(atoms, cutoff):
+    assert ours(atoms, cutoff) == ase_edges(atoms, cutoff)

@@ -1,0 +1,62 @@
+"""The Verlet-skin neighbor list searches rarely and returns exactly the cutoff's edges."""
+
+import numpy as np
+import torch
+from ase.build import bulk
+from ase.neighborlist import neighbor_list as ase_neighbor_list
+
+from fastcalc.neighbors import VerletNeighborList
+
+CUTOFF, SKIN = 4.0, 0.6
+
+
+def edges(nl, atoms):
+    edge_index, shifts = nl(torch.tensor(atoms.positions), torch.tensor(atoms.cell.array),
+                            torch.tensor(atoms.pbc))
+    return sorted(zip(*edge_index.tolist(), *shifts.T.tolist()))
+
+
+def ase_edges(atoms):
+    i, j, shifts = ase_neighbor_list("ijS", atoms, CUTOFF)
+    return sorted(zip(i.tolist(), j.tolist(), *shifts.T.tolist()))
+
+
+def crystal():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+    atoms.rattle(0.05, seed=0)
+    return atoms
+
+
+def test_small_moves_reuse_the_search_and_stay_exact():
+    atoms, nl = crystal(), VerletNeighborList(CUTOFF, SKIN)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        assert edges(nl, atoms) == ase_edges(atoms)
+        atoms.positions += rng.uniform(-0.02, 0.02, atoms.positions.shape)
+    assert nl.searches == 1
+
+
+def test_a_move_beyond_half_the_skin_searches_again():
+    atoms, nl = crystal(), VerletNeighborList(CUTOFF, SKIN)
+    edges(nl, atoms)
+    atoms.positions[3] += [0.31, 0, 0]
+    assert edges(nl, atoms) == ase_edges(atoms)
+    assert nl.searches == 2
+
+
+def test_a_cell_change_searches_again():
+    atoms, nl = crystal(), VerletNeighborList(CUTOFF, SKIN)
+    edges(nl, atoms)
+    atoms.set_cell(atoms.cell * 1.01, scale_atoms=True)
+    assert edges(nl, atoms) == ase_edges(atoms)
+    assert nl.searches == 2
+
+
+def test_a_pbc_or_atom_count_change_searches_again():
+    atoms, nl = crystal(), VerletNeighborList(CUTOFF, SKIN)
+    edges(nl, atoms)
+    atoms.pbc = [True, True, False]
+    assert edges(nl, atoms) == ase_edges(atoms)
+    del atoms[0]
+    assert edges(nl, atoms) == ase_edges(atoms)
+    assert nl.searches == 3
