@@ -165,3 +165,17 @@ def test_bad_input_is_a_clear_error_and_the_calculator_still_works(name):
     good = crystal()
     good.calc = calc
     np.testing.assert_allclose(good.get_forces(), reference(good).get_forces(), atol=1e-10)
+
+
+def test_results_do_not_depend_on_the_skin():
+    atoms = crystal()
+    with_skin, without_skin = morse(skin=1.0), morse(skin=0.0)
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        atoms.positions += rng.uniform(-0.05, 0.05, atoms.positions.shape)
+        with_skin.calculate(atoms, ["energy", "forces", "stress"])
+        without_skin.calculate(atoms, ["energy", "forces", "stress"])
+        for key in ("energy", "forces", "stress"):
+            np.testing.assert_allclose(with_skin.results[key], without_skin.results[key],
+                                       rtol=0, atol=1e-12)
+    assert with_skin.neighbors.searches == 1 and without_skin.neighbors.searches == 4
