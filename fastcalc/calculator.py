@@ -1,8 +1,8 @@
 """The ASE calculator machinery shared by every fastcalc model.
 
 :class:`TorchCalculator` turns an ``Atoms`` into tensors, checks it, builds the
-neighbor list (Verlet skin) and the bucketed edge list, and hands them to
-:meth:`TorchCalculator.evaluate`, which a model implements. Results come back as
+neighbor list (Verlet skin) and hands it to :meth:`TorchCalculator.evaluate`,
+which a model implements. Results come back as
 float64 numpy arrays in eV, eV/Å and eV/Å³ (stress as ASE's Voigt 6-vector).
 :class:`PotentialCalculator` plugs any torch energy function into the same path.
 """
@@ -82,9 +82,9 @@ class TorchCalculator(Calculator):
 
     ``cutoff`` is the model's interaction range in Å. ``skin`` (default 0.5 Å)
     is the Verlet skin of the neighbor list: the search is redone only after an
-    atom moved more than ``skin / 2``; results do not depend on it. Edge lists
-    are padded to multiples of ``bucket_size``. ``max_neighbors`` bounds the
-    neighbours per atom (an error beyond it, typically wrong units).
+    atom moved more than ``skin / 2``; results do not depend on it.
+    ``max_neighbors`` bounds the neighbours per atom (an error beyond it,
+    typically wrong units).
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
@@ -97,7 +97,6 @@ class TorchCalculator(Calculator):
         device: str | torch.device | None = None,
         dtype: str = "float32",
         skin: float = 0.5,
-        bucket_size: int = 1024,
         max_neighbors: int = 4096,
         **kwargs,
     ) -> None:
@@ -108,7 +107,6 @@ class TorchCalculator(Calculator):
         self.supported_numbers = None if supported_numbers is None else frozenset(supported_numbers)
         self.device = resolve_device(device)
         self.dtype = _DTYPES[dtype]
-        self.bucket_size = bucket_size
         self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
 
     def evaluate(
@@ -116,14 +114,16 @@ class TorchCalculator(Calculator):
         positions: torch.Tensor,
         cell: torch.Tensor,
         numbers: torch.Tensor,
-        edges: PaddedEdges,
+        edge_index: torch.Tensor,
+        unit_shifts: torch.Tensor,
         compute_stress: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Energy (scalar), forces ``(N, 3)`` and stress ``(3, 3)`` or None, in eV and Å.
 
-        ``cell`` has no zero vector (see :func:`fastcalc.buckets.padding_cell`);
-        ``edges`` holds the bucketed edges closer than the cutoff, padded edges
-        lying beyond it. Stress is asked for on fully periodic systems only.
+        ``edge_index`` and ``unit_shifts`` are the edges closer than the cutoff
+        (see :mod:`fastcalc.neighbors`); ``cell`` has no zero vector, so a model
+        can pad them with :func:`fastcalc.buckets.pad_edges`. Stress is asked
+        for on fully periodic systems only.
         """
         raise NotImplementedError
 
@@ -157,9 +157,9 @@ class TorchCalculator(Calculator):
             edge_index, unit_shifts = self.neighbors(positions, cell, pbc)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
-        model_cell = padding_cell(cell, self.cutoff)
-        edges = pad_edges(edge_index, unit_shifts, model_cell, self.cutoff, self.bucket_size)
-        energy, forces, stress = self.evaluate(positions, model_cell, numbers, edges, periodic)
+        energy, forces, stress = self.evaluate(
+            positions, padding_cell(cell, self.cutoff), numbers, edge_index, unit_shifts, periodic
+        )
         self.results = {
             "energy": float(energy),
             "free_energy": float(energy),
@@ -182,15 +182,20 @@ class PotentialCalculator(TorchCalculator):
 
     ``energy_fn(positions, cell, numbers, edges)`` returns the total energy in eV;
     it may use :func:`fastcalc.geometry.edge_vectors` and must give zero for
-    edges beyond ``cutoff`` (or drop them with ``edges.edge_mask``). Forces and
-    stress come from autograd.
+    edges beyond ``cutoff`` (or drop them with ``edges.edge_mask``): the edges
+    are padded to a multiple of ``bucket_size``. Forces and stress come from
+    autograd.
     """
 
-    def __init__(self, energy_fn: EnergyFunction, cutoff: float, **kwargs) -> None:
+    def __init__(
+        self, energy_fn: EnergyFunction, cutoff: float, *, bucket_size: int = 1024, **kwargs
+    ) -> None:
         super().__init__(cutoff, **kwargs)
         self.energy_fn = energy_fn
+        self.bucket_size = bucket_size
 
-    def evaluate(self, positions, cell, numbers, edges, compute_stress):
+    def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
+        edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
         return energy_forces_stress(
             lambda x, c: self.energy_fn(x, c, numbers, edges), positions, cell, compute_stress
         )
