@@ -1,0 +1,165 @@
+"""Side-by-side timing of ASE calculators: one process, same structures, alternating calls.
+
+Each call is one energy + forces + stress evaluation of rattled fcc copper whose
+positions get a fresh small random displacement (as in an MD step), the same
+displacements for every implementation. Warm-up calls come first, one
+implementation at a time, then the timed calls alternate between implementations
+so that a shared machine's load affects all of them alike.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from ase import Atoms
+from ase.build import bulk
+from ase.calculators.calculator import Calculator, all_changes
+
+__all__ = ["BenchRecord", "copper", "plot_records", "time_calculators", "write_records"]
+
+#: Repeats of the cubic 4-atom fcc cell for the benchmarked atom counts.
+COPPER_REPEATS = {32: (2, 2, 2), 64: (2, 2, 4), 108: (3, 3, 3), 256: (4, 4, 4), 1008: (6, 6, 7)}
+
+
+@dataclass(frozen=True)
+class BenchRecord:
+    """One implementation on one structure: per-call times and first-call cost."""
+
+    date: str
+    gpu: str
+    torch: str
+    model: str
+    natoms: int
+    impl: str
+    median_ms: float
+    p90_ms: float
+    warmup_s: float
+    peak_mem_gib: float
+    recompiles: int
+
+
+def copper(natoms: int) -> Atoms:
+    """Rattled fcc copper (a = 3.61 Å) with ``natoms`` atoms (a key of COPPER_REPEATS)."""
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(COPPER_REPEATS[natoms])
+    atoms.rattle(0.05, seed=0)
+    return atoms
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _graph_count() -> int:
+    """Graphs compiled by torch.compile so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def time_calculators(
+    calculators: dict[str, Callable[[], Calculator]],
+    atoms: Atoms,
+    model: str,
+    *,
+    warmup: int = 3,
+    calls: int = 20,
+    seed: int = 1,
+    progress: Callable[[Iterable], Iterable] = iter,
+) -> list[BenchRecord]:
+    """Time each calculator factory on ``atoms``; one record per implementation.
+
+    ``warmup_s`` covers building the calculator and its warm-up calls (so it
+    includes compilation); ``peak_mem_gib`` is the CUDA memory allocated during
+    them above what was allocated before (0 on CPU); ``recompiles`` counts graphs
+    compiled during the timed calls, which should be none.
+    """
+    rng = np.random.default_rng(seed)
+    base = atoms.positions.copy()
+    displacements = rng.normal(0.0, 0.01, (warmup + calls, *base.shape))
+    built: dict[str, Calculator] = {}
+    warm: dict[str, tuple[float, float]] = {}
+
+    def call(calc: Calculator, step: int) -> float:
+        moved = atoms.copy()
+        moved.positions = base + displacements[step]
+        _sync()
+        start = time.perf_counter()
+        calc.calculate(moved, ["energy", "forces", "stress"], all_changes)
+        _sync()
+        return time.perf_counter() - start
+
+    for name, factory in calculators.items():
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        built[name] = factory()
+        for step in range(warmup):
+            call(built[name], step)
+        seconds = time.perf_counter() - start
+        peak = (torch.cuda.max_memory_allocated() - before) / 2**30 if torch.cuda.is_available() else 0.0
+        warm[name] = (seconds, peak)
+    times: dict[str, list[float]] = {name: [] for name in calculators}
+    recompiles = dict.fromkeys(calculators, 0)
+    for step in progress(range(warmup, warmup + calls)):
+        for name, calc in built.items():
+            graphs = _graph_count()
+            times[name].append(call(calc, step))
+            recompiles[name] += _graph_count() - graphs
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return [
+        BenchRecord(
+            date=stamp,
+            gpu=_device_name(),
+            torch=torch.__version__,
+            model=model,
+            natoms=len(atoms),
+            impl=name,
+            median_ms=float(np.median(times[name]) * 1e3),
+            p90_ms=float(np.percentile(times[name], 90) * 1e3),
+            warmup_s=warm[name][0],
+            peak_mem_gib=warm[name][1],
+            recompiles=recompiles[name],
+        )
+        for name in calculators
+    ]
+
+
+def write_records(records: Iterable[BenchRecord], path: str | Path) -> None:
+    """Write records as a JSON list."""
+    Path(path).write_text(json.dumps([asdict(r) for r in records], indent=1) + "\n")
+
+
+def plot_records(records: Iterable[BenchRecord], path: str | Path) -> None:
+    """ms per call against atom count, one line per (model, implementation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = list(records)
+    models = sorted({r.model for r in records})
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for impl in sorted({r.impl for r in records if r.model == model}):
+            rows = sorted((r.natoms, r.median_ms) for r in records if (r.model, r.impl) == (model, impl))
+            ax.plot(*zip(*rows), marker="o", label=impl)
+        ax.set(xscale="log", yscale="log", xlabel="atoms", ylabel="ms per call (E+F+S)", title=model)
+        ax.legend()
+    device = records[0].gpu if records else ""
+    fig.suptitle(f"median time per call on {device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
