@@ -1,0 +1,76 @@
+"""One graph for energy, forces and stress: ``make_fx`` tracing, then ``torch.compile``.
+
+A function that computes the energy and calls ``torch.autograd.grad`` inside is
+traced by ``make_fx`` into a single FX graph holding the forward and the
+backward pass; ``torch.compile`` then compiles that graph as a whole
+(``fullgraph=True``), with symbolic sizes so that new atom or edge counts reuse it.
+
+Traps handled here: duck shaping is kept off from tracing until after the first
+compiled call, so equal sizes (say 64 atoms and 64 neighbours) do not get one
+symbol and force a recompile later; profiler ``record_function`` nodes are
+stripped from the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx
+import torch.fx.experimental._config as fx_config
+from torch.fx.experimental.proxy_tensor import make_fx
+
+__all__ = ["CompiledGraph", "trace"]
+
+_PROFILER_OPS = ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
+
+
+def trace(fn: Callable, example_inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
+    """``fn`` traced with symbolic sizes into one graph, profiler nodes removed."""
+    with fx_config.patch(use_duck_shape=False):
+        graph_module = make_fx(fn, tracing_mode="symbolic")(*example_inputs)
+    _strip_profiler_nodes(graph_module)
+    return graph_module
+
+
+def _strip_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
+    graph = graph_module.graph
+    profiler = [
+        node
+        for node in graph.nodes
+        if node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] in _PROFILER_OPS
+    ]
+    for node in reversed(profiler):  # an exit uses its enter: erase the exit first
+        graph.erase_node(node)
+    graph.lint()
+    graph_module.recompile()
+
+
+class CompiledGraph:
+    """``torch.compile`` of a traced graph, called like the graph itself.
+
+    ``mode`` is passed to ``torch.compile`` (``"reduce-overhead"`` records CUDA
+    graphs). With ``dynamic=True`` sizes are symbolic; with ``dynamic=False`` every
+    new shape compiles once, which suits bucketed shapes and CUDA graphs. Outputs
+    are cloned when CUDA graphs are on, so a later replay never overwrites them.
+    """
+
+    def __init__(
+        self, graph_module: torch.fx.GraphModule, *, dynamic: bool = True, mode: str | None = None
+    ) -> None:
+        self.mode = mode
+        self._compiled = torch.compile(graph_module, dynamic=dynamic, fullgraph=True, mode=mode)
+        self._first_call = True
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        if self._first_call:
+            with fx_config.patch(use_duck_shape=False):
+                outputs = self._compiled(*inputs)
+            self._first_call = False
+        else:
+            outputs = self._compiled(*inputs)
+        if self.mode == "reduce-overhead":
+            outputs = tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in outputs)
+        return outputs

@@ -1,0 +1,64 @@
+"""A traced-and-compiled energy/forces/stress graph gives ASE's numbers at every size."""
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from pair_potential import CUTOFF, ase_morse, morse_energy
+from torch._dynamo.utils import counters
+
+from fastcalc.buckets import PaddedEdges, pad_edges
+from fastcalc.geometry import energy_forces_stress
+from fastcalc.neighbors import neighbor_list
+from fastcalc.tracing import CompiledGraph, trace
+
+
+def morse_efs(positions, cell, numbers, edge_index, unit_shifts, edge_mask):
+    edges = PaddedEdges(edge_index, unit_shifts, edge_mask)
+    return energy_forces_stress(
+        lambda x, c: morse_energy(x, c, numbers, edges), positions, cell, compute_stress=True
+    )
+
+
+def crystal(repeats):
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(repeats)
+    atoms.rattle(0.1, seed=sum(repeats))
+    return atoms
+
+
+def graph_inputs(atoms, bucket_size=64):
+    positions, cell = torch.tensor(atoms.positions), torch.tensor(atoms.cell.array)
+    edge_index, shifts = neighbor_list(positions, cell, torch.tensor(atoms.pbc), CUTOFF)
+    edges = pad_edges(edge_index, shifts, cell, CUTOFF, bucket_size)
+    return positions, cell, torch.tensor(atoms.numbers), edges.edge_index, edges.unit_shifts, edges.edge_mask
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return CompiledGraph(trace(morse_efs, graph_inputs(crystal((2, 2, 2)))), dynamic=True)
+
+
+def test_compiled_graph_matches_ase_at_every_size_without_recompiling(compiled):
+    compiled(*graph_inputs(crystal((2, 2, 2))))
+    graphs = counters["stats"]["unique_graphs"]
+    for repeats in [(2, 2, 3), (3, 3, 3), (2, 2, 2)]:
+        atoms = crystal(repeats)
+        energy, forces, stress = compiled(*graph_inputs(atoms))
+        reference = atoms.copy()
+        reference.calc = ase_morse()
+        assert float(energy) == pytest.approx(reference.get_potential_energy(), rel=1e-12)
+        np.testing.assert_allclose(forces.numpy(), reference.get_forces(), atol=1e-10)
+        voigt = stress.numpy()[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
+        np.testing.assert_allclose(voigt, reference.get_stress(), atol=1e-12)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_profiler_ranges_are_stripped_from_the_graph():
+    def annotated(x):
+        with torch.profiler.record_function("block"):
+            return (x.sin(),)
+
+    graph = trace(annotated, [torch.randn(5)])
+    targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    assert targets == ["aten.sin.default"]
+    torch.testing.assert_close(graph(torch.ones(3))[0], torch.ones(3).sin())
