@@ -1,0 +1,330 @@
+"""Pure-torch UMA inference core: energy, forces and stress from geometry + topology.
+
+Topology outside, geometry inside
+---------------------------------
+The caller supplies integer topology; the core computes edge vectors itself so
+that forces and stress come from one autograd pass.
+
+* ``edge_index`` (2, E) int64: **row 0 = centre atom i** (the atom that
+  receives the message), **row 1 = neighbour j**;
+* ``unit_shifts`` (E, 3) int64: lattice shifts ``S``; the edge vector is
+  ``r_ij = positions[j] - positions[i] + S @ cell`` (ASE ``"ijS"`` convention).
+  (fairchem stores the same edge as ``edge_index = [[j], [i]]``, source first.)
+* ``edge_mask`` (E,) bool, optional: False marks padding.  A padded edge is
+  given a fixed vector longer than the cutoff, so the smooth envelope makes its
+  contribution exactly zero and no zero-length vector ever reaches autograd.
+
+Conditioning on the system
+--------------------------
+Task, charge, spin and composition only enter through the system embedding
+and the mixture of linear experts.  :meth:`UMACore.prepare` merges the experts
+for the current system *in place* into preallocated weight buffers, and only
+when the system actually changed; :meth:`UMACore.forward` calls it itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .checkpoint import TaskSpec, UMACheckpoint
+from .experts import ExpertRouter, SystemEmbedding
+from .layers import (
+    Gate,
+    MixedLinear,
+    RMSNormSH,
+    SO2Convolution,
+    SpectralFeedForward,
+    mixed_linear,
+    radial_mlp,
+)
+from .so3 import WignerFromSamples, coefficient_degrees, edge_frame_rotation, m_major_order
+
+# option: (fairchem's default when the config omits it, values we implement)
+_SUPPORTED = {
+    "norm_type": ("rms_norm_sh", ("rms_norm_sh",)),
+    "act_type": ("gate", ("gate",)),
+    "ff_type": ("grid", ("spectral",)),
+    "distance_function": ("gaussian", ("gaussian",)),
+    "moe_type": ("so2", ("so2",)),
+}
+_ENVELOPE_EXPONENT = 5
+_EDGE_DEGREE_RESCALE = 5.0  # fairchem's fixed "sqrt average degree"
+
+
+def check_supported(backbone: dict) -> None:
+    """Raise ``NotImplementedError`` for UMA variants this core does not implement."""
+    for key, (default, allowed) in _SUPPORTED.items():
+        value = backbone.get(key, default)
+        if value not in allowed:
+            raise NotImplementedError(
+                f"UMA option {key}={value!r} is not supported (supported: {allowed})"
+            )
+    if backbone.get("direct_forces", False):
+        raise NotImplementedError(
+            "direct_forces=True UMA models are not supported (forces must be -dE/dx)"
+        )
+    for key in ("charge_balanced_channels", "spin_balanced_channels"):
+        if backbone.get(key):
+            raise NotImplementedError(f"UMA option {key} is not supported")
+    if backbone.get("mmax", 2) > backbone.get("lmax", 2):
+        raise ValueError("UMA checkpoint has mmax > lmax")
+
+
+class _Block(nn.Module):
+    """One eSCN-MD layer: norm, edge-wise SO(2) message passing, norm, atom-wise FFN."""
+
+    def __init__(
+        self, weights: dict, prefix: str, lmax: int, mmax: int, channels: int, hidden: int
+    ) -> None:
+        super().__init__()
+        edge = f"{prefix}edge_wise."
+        self.norm_1 = RMSNormSH(weights, f"{prefix}norm_1.", lmax)
+        self.conv_1 = SO2Convolution(
+            weights, f"{edge}so2_conv_1.", lmax, mmax, hidden, extra=lmax * hidden, radial=True
+        )
+        degrees = coefficient_degrees(lmax)
+        self.gate = Gate([degrees[k] for k in m_major_order(lmax, mmax)], hidden)
+        self.conv_2 = SO2Convolution(weights, f"{edge}so2_conv_2.", lmax, mmax, channels)
+        self.norm_2 = RMSNormSH(weights, f"{prefix}norm_2.", lmax)
+        self.feed_forward = SpectralFeedForward(weights, f"{prefix}atom_wise.", lmax, hidden)
+
+    def forward(self, x, system, edge_features, centre, neighbour, to_edge, from_edge):
+        residual = x
+        x = self.norm_1(x)
+        x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
+        pairs = torch.cat((x.index_select(0, neighbour), x.index_select(0, centre)), dim=2)
+        messages = torch.bmm(to_edge, pairs)
+        messages, gates = self.conv_1(messages, edge_features)
+        messages, _ = self.conv_2(self.gate(gates, messages))
+        x = residual.index_add(0, centre, torch.bmm(from_edge, messages))
+        return x + self.feed_forward(self.norm_2(x))
+
+
+class UMACore(nn.Module):
+    """UMA (eSCN-MD + mixture of linear experts) energy model for one task at a time."""
+
+    def __init__(
+        self, checkpoint: UMACheckpoint, task: str, dtype: torch.dtype = torch.float64
+    ) -> None:
+        super().__init__()
+        backbone = checkpoint.backbone
+        check_supported(backbone)
+        w = {
+            key[len("backbone."):]: value
+            for key, value in checkpoint.weights.items()
+            if key.startswith("backbone.")
+        }
+        self.lmax = int(backbone.get("lmax", 2))
+        self.mmax = int(backbone.get("mmax", 2))
+        self.channels = int(backbone.get("sphere_channels", 128))
+        hidden = int(backbone.get("hidden_channels", 128))
+        self.cutoff = float(backbone.get("cutoff", 5.0))
+        self.max_neighbors = int(backbone.get("max_neighbors", 300))
+        self._checkpoint = checkpoint
+
+        basis = int(backbone.get("num_distance_basis", 512))
+        offsets = torch.linspace(0.0, self.cutoff, basis, dtype=torch.float64)
+        self.register_buffer("basis_offsets", offsets)
+        self.basis_coeff = -0.5 / (2.0 * (offsets[1] - offsets[0]).item()) ** 2
+        self.register_buffer("element_embedding", w["sphere_embedding.weight"].clone())
+        self.register_buffer("source_embedding", w["source_embedding.weight"].clone())
+        self.register_buffer("target_embedding", w["target_embedding.weight"].clone())
+        self.edge_degree = radial_mlp(w, "edge_degree_embedding.rad_func.net.")
+        self.blocks = nn.ModuleList(
+            _Block(w, f"blocks.{i}.", self.lmax, self.mmax, self.channels, hidden)
+            for i in range(int(backbone.get("num_layers", 2)))
+        )
+        self.final_norm = RMSNormSH(w, "norm.", self.lmax)
+        self.system_embedding = SystemEmbedding(checkpoint.weights, backbone)
+        self.router = (
+            ExpertRouter(checkpoint.weights, backbone, checkpoint.model_id)
+            if "routing_mlp.0.weight" in w
+            else None
+        )
+        self.wigner = WignerFromSamples(self.lmax)
+        order = torch.tensor(m_major_order(self.lmax, self.mmax))
+        self.register_buffer("edge_order", order, persistent=False)
+        self.register_buffer("system", torch.zeros(self.channels, dtype=torch.float64))
+        self._build_head(checkpoint)
+        self.to(dtype)
+        self._context: tuple | None = None
+        self.set_task(task)
+
+    # ------------------------------------------------------------------ setup
+    def _build_head(self, checkpoint: UMACheckpoint) -> None:
+        """Energy MLP; per-dataset experts become one-hot mixtures (merged on set_task)."""
+        if len(checkpoint.heads) != 1:
+            raise NotImplementedError(f"expected one output head, found {sorted(checkpoint.heads)}")
+        (name, config), = checkpoint.heads.items()
+        module = str(config.get("module", ""))
+        head_cls = str(config.get("head_cls", module))
+        if not head_cls.endswith("MLP_EFS_Head"):
+            raise NotImplementedError(f"output head {head_cls!r} is not supported")
+        reduce = (config.get("head_kwargs") or config).get("reduce", "sum")
+        if reduce != "sum":  # fairchem's "mean" differentiates the sum: not a potential
+            raise NotImplementedError(f"energy head reduce={reduce!r} is not supported")
+        inner = "head." if "Wrapper" in module else ""
+        prefix = f"output_heads.{name}.{inner}energy_block."
+        self.head = nn.ModuleList(
+            mixed_linear(checkpoint.weights, f"{prefix}{index}.") for index in (0, 2, 4)
+        )
+        self.head_experts: dict[str, int] = {}
+        if module.endswith("DatasetSpecificMoEWrapper"):
+            mapping = config.get("dataset_mapping") or {n: n for n in config["dataset_names"]}
+            targets = sorted(set(mapping.values()))
+            self.head_experts = {name: targets.index(target) for name, target in mapping.items()}
+
+    @property
+    def task(self) -> TaskSpec:
+        return self._task
+
+    def set_task(self, task: str) -> None:
+        """Select the task (dataset) whose head, embedding and normalisers are used."""
+        spec = self._checkpoint.task(task)
+        if self.head_experts:
+            one_hot = torch.zeros(self.head[0].experts.shape[0], dtype=self.system.dtype)
+            one_hot[self.head_experts[task]] = 1.0
+            for layer in self.head:
+                layer.merge(one_hot)
+        self._task = spec
+        self._context = None
+
+    def mixed_layers(self) -> list[MixedLinear]:
+        """The backbone's linear maps that have experts (``layers_moe`` may leave some plain)."""
+        convs = [conv for block in self.blocks for conv in (block.conv_1, block.conv_2)]
+        layers = [layer for conv in convs for layer in conv.mixed_layers()]
+        return [layer for layer in layers if layer.experts.shape[0] > 1]
+
+    @torch.no_grad()
+    def prepare(self, numbers: torch.Tensor, charge: int = 0, spin: int = 0) -> None:
+        """Condition the model on (task, charge, spin, composition); cheap if unchanged.
+
+        Recomputes the system embedding and re-merges the experts in place only
+        when one of those changed since the last call.
+        """
+        species, counts = torch.unique(numbers.detach().cpu(), return_counts=True)
+        composition = (tuple(species.tolist()), tuple(counts.tolist()))
+        key = (self._task.name, int(charge), int(spin), composition)
+        if key == self._context:
+            return
+        system = self.system_embedding(int(charge), int(spin), self._task.name)
+        self.system.copy_(system)
+        if self.router is not None:
+            coefficients = self.router(numbers.to(self.system.device), system)
+            for layer in self.mixed_layers():
+                layer.merge(coefficients)
+        self._context = key
+
+    # ---------------------------------------------------------------- forward
+    def forward(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        numbers: torch.Tensor,
+        edge_index: torch.Tensor,
+        unit_shifts: torch.Tensor,
+        edge_mask: torch.Tensor | None = None,
+        charge: int = 0,
+        spin: int = 0,
+    ) -> torch.Tensor:
+        """Raw (normalised, reference-free) energy of one system, as a float64 scalar;
+        differentiable in ``positions`` and ``cell``.  Use :meth:`compute` for
+        physical outputs."""
+        self.prepare(numbers, charge, spin)
+        centre, neighbour = edge_index[0], edge_index[1]
+        vectors = (
+            positions.index_select(0, neighbour)
+            - positions.index_select(0, centre)
+            + unit_shifts.to(positions.dtype) @ cell
+        )
+        if edge_mask is not None:
+            padding = vectors.new_full((3,), self.cutoff)  # length sqrt(3) * cutoff
+            vectors = torch.where(edge_mask.unsqueeze(-1), vectors, padding)
+        lengths = torch.linalg.vector_norm(vectors, dim=-1)
+        rotation = self.wigner(edge_frame_rotation(vectors / lengths.unsqueeze(-1)))
+        to_edge = rotation[:, self.edge_order, :]
+        envelope = self._envelope(lengths).view(-1, 1, 1)
+        from_edge = rotation.transpose(1, 2)[:, :, self.edge_order] * envelope
+
+        distance = lengths.unsqueeze(-1) - self.basis_offsets
+        edge_features = torch.cat(
+            (
+                torch.exp(self.basis_coeff * distance**2),
+                self.source_embedding[numbers[neighbour]],
+                self.target_embedding[numbers[centre]],
+            ),
+            dim=1,
+        )
+        x = self._initial_features(numbers, edge_features, centre, from_edge)
+        for block in self.blocks:
+            x = block(x, self.system, edge_features, centre, neighbour, to_edge, from_edge)
+        x = self.final_norm(x)
+        atom_energy = x[:, 0]
+        for index, layer in enumerate(self.head):
+            atom_energy = layer(atom_energy)
+            if index < len(self.head) - 1:
+                atom_energy = nn.functional.silu(atom_energy)
+        return atom_energy.sum(dtype=torch.float64)  # accumulated in float64, as fairchem does
+
+    def _envelope(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Polynomial envelope (exponent 5) of ``d / cutoff``; exactly 0 beyond the cutoff."""
+        p = _ENVELOPE_EXPONENT
+        d = lengths / self.cutoff
+        value = 1 + d**p * (-(p + 1) * (p + 2) / 2 + d * (p * (p + 2) - p * (p + 1) / 2 * d))
+        return torch.where(d < 1, value, torch.zeros_like(value))
+
+    def _initial_features(self, numbers, edge_features, centre, from_edge) -> torch.Tensor:
+        """Element + system embedding on l=0, plus the edge-degree embedding."""
+        atoms = numbers.numel()
+        scalar = (self.element_embedding[numbers] + self.system).unsqueeze(1)
+        rest = scalar.new_zeros(atoms, (self.lmax + 1) ** 2 - 1, self.channels)
+        x = torch.cat((scalar, rest), dim=1)
+        radial = self.edge_degree(edge_features).unflatten(1, (self.lmax + 1, self.channels))
+        degree = torch.bmm(from_edge[:, :, : self.lmax + 1], radial) / _EDGE_DEGREE_RESCALE
+        return x.index_add(0, centre, degree)
+
+    # ---------------------------------------------------------------- outputs
+    def compute(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        numbers: torch.Tensor,
+        edge_index: torch.Tensor,
+        unit_shifts: torch.Tensor,
+        edge_mask: torch.Tensor | None = None,
+        charge: int = 0,
+        spin: int = 0,
+        stress: bool = True,
+    ) -> dict[str, torch.Tensor]:
+        """Energy (eV), forces (eV/A) and, if asked, stress (eV/A^3, 3x3) for the task.
+
+        Forces and stress come from one backward pass through a strain
+        ``eps``: positions and cell are multiplied by ``(I + eps)``; then
+        ``forces = -dE/dpositions`` and ``stress = sym(dE/deps) / volume``.
+        Each output is then passed through its task normaliser
+        (``value * rmsd + mean``) and the energy gets the element references,
+        exactly as fairchem post-processes its raw outputs.
+        """
+        positions = positions.detach().requires_grad_(True)
+        options = dict(dtype=positions.dtype, device=positions.device)
+        strain = torch.zeros(3, 3, **options, requires_grad=bool(stress))
+        deform = torch.eye(3, **options) + strain
+        with torch.enable_grad():
+            raw = self(
+                positions @ deform, cell @ deform, numbers, edge_index, unit_shifts, edge_mask,
+                charge, spin,
+            )
+            inputs = (positions, strain) if stress else (positions,)
+            grads = torch.autograd.grad(raw, inputs)
+        task = self._task
+        energy = raw.detach() * task.energy.rmsd + task.energy.mean
+        if task.element_references is not None:  # float64 on the CPU, like fairchem's
+            reference = task.element_references[numbers.cpu()].sum()
+            energy = energy + reference.to(energy.device)
+        out = {"energy": energy, "forces": -grads[0] * task.forces.rmsd + task.forces.mean}
+        if stress:
+            virial = 0.5 * (grads[1] + grads[1].T)
+            volume = torch.linalg.det(cell).abs()
+            out["stress"] = virial / volume * task.stress.rmsd + task.stress.mean
+        return out

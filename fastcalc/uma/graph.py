@@ -1,0 +1,90 @@
+"""Neighbour topology for the UMA core (computed outside the differentiable core).
+
+Convention (shared with :mod:`fastcalc.uma.core`): ``edge_index[0]`` = centre
+``i``, ``edge_index[1]`` = neighbour ``j``, edge vector
+``positions[j] - positions[i] + unit_shifts @ cell``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def neighbor_list(
+    positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All pairs within ``cutoff``: ``(edge_index (2,E) int64, unit_shifts (E,3) int64)``.
+
+    The one place that produces a raw neighbour list: fastcalc's nvalchemiops
+    search when available, else ASE's ``neighbor_list("ijS")`` (same convention).
+    """
+    try:
+        from fastcalc.neighbors import neighbor_list as fast_neighbor_list
+    except ImportError:
+        return _ase_neighbor_list(positions, cell, pbc, cutoff)
+    return fast_neighbor_list(
+        torch.as_tensor(positions, dtype=torch.float64),
+        torch.as_tensor(cell, dtype=torch.float64),
+        torch.as_tensor(np.asarray(pbc, dtype=bool)),
+        float(cutoff),
+    )
+
+
+def _ase_neighbor_list(
+    positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from ase import Atoms
+    from ase.neighborlist import neighbor_list as ase_neighbor_list
+
+    atoms = Atoms(positions=positions, cell=cell, pbc=pbc)
+    i, j, shifts = ase_neighbor_list("ijS", atoms, float(cutoff))
+    edge_index = torch.from_numpy(np.stack((i, j)).astype(np.int64))
+    return edge_index, torch.from_numpy(shifts.astype(np.int64))
+
+
+def limit_neighbors(
+    edge_index: torch.Tensor,
+    squared_lengths: torch.Tensor,
+    num_atoms: int,
+    max_neighbors: int,
+    tolerance: float = 0.01,
+) -> torch.Tensor:
+    """Boolean mask of the edges fairchem keeps under its ``max_neighbors`` rule.
+
+    fairchem's non-strict rule, per centre atom with more than
+    ``max_neighbors`` edges: sort the *squared* distances, take the one at
+    0-based position ``max_neighbors`` (i.e. the ``max_neighbors + 1``-th
+    nearest) and keep every edge whose squared distance is at most that value
+    plus ``tolerance`` (0.01 A^2).  So at least ``max_neighbors + 1`` edges
+    survive, and near-degenerate shells are never split.  Runs on any device.
+    """
+    centre = edge_index[0]
+    counts = torch.bincount(centre, minlength=max(num_atoms, 1))
+    if max_neighbors <= 0 or int(counts.max()) <= max_neighbors:
+        return torch.ones_like(centre, dtype=torch.bool)
+    by_length = torch.argsort(squared_lengths)
+    order = by_length[torch.argsort(centre[by_length], stable=True)]  # by centre, then length
+    first = torch.cumsum(counts, 0) - counts  # index in `order` of each centre's first edge
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device) - first[centre[order]]
+    threshold = squared_lengths.new_full((num_atoms,), float("inf"))
+    at_limit = rank == max_neighbors
+    threshold[centre[at_limit]] = squared_lengths[at_limit] + tolerance
+    return squared_lengths <= threshold[centre]
+
+
+def build_topology(
+    positions: np.ndarray,
+    cell: np.ndarray,
+    pbc: np.ndarray,
+    cutoff: float,
+    max_neighbors: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neighbour list within ``cutoff`` filtered by fairchem's ``max_neighbors`` rule."""
+    edge_index, unit_shifts = neighbor_list(positions, cell, pbc, cutoff)
+    pos = torch.as_tensor(positions, dtype=torch.float64)
+    lattice = torch.as_tensor(cell, dtype=torch.float64)
+    vectors = pos[edge_index[1]] - pos[edge_index[0]] + unit_shifts.double() @ lattice
+    keep = limit_neighbors(edge_index, vectors.square().sum(-1), len(positions), max_neighbors)
+    return edge_index[:, keep], unit_shifts[keep]

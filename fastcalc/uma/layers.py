@@ -1,0 +1,257 @@
+"""Building blocks of the UMA (eSCN-MD) network, constructed from checkpoint weights.
+
+Node features have shape ``(atoms, (lmax+1)^2, channels)`` in degree-major
+order; edge features live in the rotated edge frame, in the m-major order of
+:func:`fastcalc.uma.so3.m_major_order`.  All modules hold frozen buffers, not
+parameters: inference only differentiates with respect to geometry.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .so3 import coefficient_degrees
+
+Weights = dict[str, torch.Tensor]
+
+
+def frozen_linear(weights: Weights, prefix: str) -> nn.Linear:
+    """``nn.Linear`` filled from ``{prefix}weight`` / ``{prefix}bias`` (bias optional)."""
+    weight = weights[f"{prefix}weight"]
+    bias = weights.get(f"{prefix}bias")
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer.requires_grad_(False)
+
+
+def radial_mlp(weights: Weights, prefix: str) -> nn.Sequential:
+    """fairchem's RadialMLP: Linear, then (LayerNorm, SiLU, Linear) repeated."""
+    indices = sorted(
+        {int(key[len(prefix):].split(".")[0]) for key in weights if key.startswith(prefix)}
+    )
+    layers: list[nn.Module] = []
+    for index in indices:
+        weight = weights[f"{prefix}{index}.weight"]
+        if weight.dim() == 2:
+            layers.append(frozen_linear(weights, f"{prefix}{index}."))
+        else:
+            norm = nn.LayerNorm(weight.shape[0], eps=1e-5)
+            with torch.no_grad():
+                norm.weight.copy_(weight)
+                norm.bias.copy_(weights[f"{prefix}{index}.bias"])
+            layers += [norm.requires_grad_(False), nn.SiLU()]
+    return nn.Sequential(*layers)
+
+
+def add_to_scalar(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Add ``value`` (broadcast over atoms) to the ``l = 0`` row without in-place ops."""
+    return torch.cat((x[:, :1] + value, x[:, 1:]), dim=1)
+
+
+class RMSNormSH(nn.Module):
+    """Equivariant RMS norm (``rms_norm_sh``): centre l=0, one degree-balanced
+    RMS over all components and channels per atom, per-degree affine scale."""
+
+    def __init__(self, weights: Weights, prefix: str, lmax: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        degrees = torch.tensor(coefficient_degrees(lmax))
+        balance = 1.0 / ((2 * degrees + 1) * (lmax + 1)).to(torch.float64)
+        self.eps = eps
+        self.register_buffer("balance", balance.view(1, -1, 1))
+        self.register_buffer("scale", weights[f"{prefix}affine_weight"][degrees].clone())
+        self.register_buffer("bias", weights[f"{prefix}affine_bias"].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scalar = x[:, :1]
+        x = torch.cat((scalar - scalar.mean(dim=2, keepdim=True), x[:, 1:]), dim=1)
+        mean_square = (x.square() * self.balance).sum(dim=1, keepdim=True).mean(dim=2, keepdim=True)
+        return add_to_scalar(x * torch.rsqrt(mean_square + self.eps) * self.scale, self.bias)
+
+
+class DegreeLinear(nn.Module):
+    """One channel-mixing matrix per degree (fairchem's SO3_Linear); bias on l=0."""
+
+    def __init__(self, weights: Weights, prefix: str, lmax: int) -> None:
+        super().__init__()
+        degrees = torch.tensor(coefficient_degrees(lmax))
+        self.register_buffer("weight", weights[f"{prefix}weight"][degrees].clone())  # (L, out, in)
+        self.register_buffer("bias", weights[f"{prefix}bias"].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return add_to_scalar(torch.einsum("nki,koi->nko", x, self.weight), self.bias)
+
+
+class Gate(nn.Module):
+    """SiLU on the first (l=0) component, sigmoid gates on the others.
+
+    ``degrees`` lists the degree of every component (first must be 0); the
+    gate for a component of degree ``l`` is gate channel block ``l - 1``.
+    """
+
+    def __init__(self, degrees: list[int], channels: int) -> None:
+        super().__init__()
+        if degrees[0] != 0 or 0 in degrees[1:]:
+            raise ValueError("gate layout must have exactly one leading l=0 component")
+        self.channels = channels
+        self.register_buffer("index", torch.tensor([l - 1 for l in degrees[1:]]), persistent=False)
+
+    def forward(self, gates: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        gates = torch.sigmoid(gates).unflatten(1, (-1, self.channels))[:, self.index]
+        return torch.cat((F.silu(x[:, :1]), x[:, 1:] * gates), dim=1)
+
+
+class SpectralFeedForward(nn.Module):
+    """Atom-wise gated feed-forward on spherical features (``ff_type = spectral``)."""
+
+    def __init__(self, weights: Weights, prefix: str, lmax: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_mlp = nn.Sequential(frozen_linear(weights, f"{prefix}scalar_mlp.0."), nn.SiLU())
+        self.linear_in = DegreeLinear(weights, f"{prefix}so3_linear_1.", lmax)
+        self.gate = Gate(coefficient_degrees(lmax), hidden)
+        self.linear_out = DegreeLinear(weights, f"{prefix}so3_linear_2.", lmax)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gates = self.gate_mlp(x[:, 0])
+        return self.linear_out(self.gate(gates, self.linear_in(x)))
+
+
+class MixedLinear(nn.Module):
+    """A linear map whose weight is a mixture of expert weights, merged in place.
+
+    ``experts`` has shape ``(K, out, in)`` (``K = 1`` for a plain linear).  With
+    ``complex_pair`` the merged ``[W1; W2]`` is stored as the real block matrix
+    ``[[W1, -W2], [W2, W1]]`` acting on ``[x_real, x_imag]`` (SO(2) order m > 0).
+    """
+
+    def __init__(
+        self, experts: torch.Tensor, bias: torch.Tensor | None, complex_pair: bool
+    ) -> None:
+        super().__init__()
+        self.complex_pair = complex_pair
+        out_features, in_features = experts.shape[1:]
+        shape = (out_features, 2 * in_features) if complex_pair else (out_features, in_features)
+        self.register_buffer("experts", experts.clone())
+        self.register_buffer("weight", experts.new_zeros(shape))
+        self.register_buffer("bias", None if bias is None else bias.clone())
+        if experts.shape[0] == 1:
+            self.merge(experts.new_ones(1))
+
+    @torch.no_grad()
+    def merge(self, coefficients: torch.Tensor) -> None:
+        """Overwrite the merged weight with ``sum_k coefficients[k] * experts[k]``."""
+        merged = torch.tensordot(coefficients.to(self.experts.dtype), self.experts, dims=1)
+        if not self.complex_pair:
+            self.weight.copy_(merged)
+            return
+        half_out, half_in = merged.shape[0] // 2, merged.shape[1]
+        w1, w2 = merged[:half_out], merged[half_out:]
+        self.weight[:half_out, :half_in].copy_(w1)
+        self.weight[:half_out, half_in:].copy_(-w2)
+        self.weight[half_out:, :half_in].copy_(w2)
+        self.weight[half_out:, half_in:].copy_(w1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def mixed_linear(weights: Weights, prefix: str, complex_pair: bool = False) -> MixedLinear:
+    """Build from either MoLE keys (``weights`` (K,out,in)) or plain ``weight`` keys."""
+    if f"{prefix}weights" in weights:
+        experts = weights[f"{prefix}weights"]
+    else:
+        experts = weights[f"{prefix}weight"].unsqueeze(0)
+    return MixedLinear(experts, weights.get(f"{prefix}bias"), complex_pair)
+
+
+class SO2Convolution(nn.Module):
+    """SO(2)-equivariant linear map of edge-frame features, block by order m.
+
+    ``m = 0``: a real linear map of all ``l`` components (optionally producing
+    ``extra`` leading gate channels).  ``m > 0``: a complex linear map of the
+    ``(+m, -m)`` pair.  With a radial network, inputs of each block are first
+    scaled element-wise by an edge-dependent radial function.
+    """
+
+    def __init__(
+        self,
+        weights: Weights,
+        prefix: str,
+        lmax: int,
+        mmax: int,
+        out_channels: int,
+        extra: int = 0,
+        radial: bool = False,
+    ) -> None:
+        super().__init__()
+        self.out_channels = out_channels
+        self.extra = extra
+        self.block_sizes = [lmax + 1] + [2 * (lmax - m + 1) for m in range(1, mmax + 1)]
+        self.m0 = mixed_linear(weights, f"{prefix}fc_m0.")
+        self.orders = nn.ModuleList(
+            mixed_linear(weights, f"{prefix}so2_m_conv.{m - 1}.fc.", complex_pair=True)
+            for m in range(1, mmax + 1)
+        )
+        self.radial = radial_mlp(weights, f"{prefix}rad_func.net.") if radial else None
+        self.radial_sizes = [self.m0.weight.shape[1]]
+        self.radial_sizes += [layer.weight.shape[1] // 2 for layer in self.orders]
+
+    def mixed_layers(self) -> list[MixedLinear]:
+        return [self.m0, *self.orders]
+
+    def forward(
+        self, x: torch.Tensor, edge_features: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (E, M, C_in) -> (output (E, M, C_out), gate channels (E, extra))."""
+        blocks = x.split(self.block_sizes, dim=1)
+        scales = (
+            self.radial(edge_features).split(self.radial_sizes, dim=1)
+            if self.radial is not None
+            else [None] * len(self.block_sizes)
+        )
+        flat = blocks[0].flatten(1)
+        if scales[0] is not None:
+            flat = flat * scales[0]
+        gates, m0 = self.m0(flat).split((self.extra, self.m0.weight.shape[0] - self.extra), dim=1)
+        out = [m0.unflatten(1, (-1, self.out_channels))]
+        for block, scale, layer in zip(blocks[1:], scales[1:], self.orders):
+            pair = block.unflatten(1, (2, -1)).flatten(2)
+            if scale is not None:
+                pair = pair * scale.unsqueeze(1)
+            out.append(layer(pair.flatten(1)).unflatten(1, (-1, self.out_channels)))
+        return torch.cat(out, dim=1), gates
+
+
+class ChargeSpinEmbedding(nn.Module):
+    """Embedding of the total charge or the spin multiplicity (fairchem's three kinds)."""
+
+    def __init__(self, weights: Weights, prefix: str, kind: str, target: str) -> None:
+        super().__init__()
+        if kind not in ("pos_emb", "lin_emb", "rand_emb"):
+            raise NotImplementedError(f"charge/spin embedding type {kind!r} is not supported")
+        self.kind = kind
+        self.is_spin = target == "spin"
+        self.offset = 0 if self.is_spin else 100
+        if kind == "pos_emb":
+            self.register_buffer("frequencies", weights[f"{prefix}W"].clone())
+        elif kind == "lin_emb":
+            self.linear = frozen_linear(weights, f"{prefix}lin_emb.")
+        else:
+            self.register_buffer("table", weights[f"{prefix}rand_emb.weight"].clone())
+
+    def forward(self, value: int) -> torch.Tensor:
+        if self.kind == "rand_emb":
+            return self.table[value + self.offset]
+        if self.kind == "lin_emb":
+            # fairchem maps spin 0 ("unset") to -100 before the linear embedding
+            x = -100.0 if (self.is_spin and value == 0) else float(value)
+            return self.linear(self.linear.weight.new_tensor([x]))
+        phase = value * self.frequencies * 2 * math.pi
+        embedding = torch.cat((torch.sin(phase), torch.cos(phase)))
+        return embedding * 0.0 if (self.is_spin and value == 0) else embedding

@@ -1,0 +1,66 @@
+"""Session fixtures for the UMA tests (checkpoints are built once per session)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fairchem.core")
+
+from uma_reference import (  # noqa: E402
+    BuiltCheckpoint,
+    build_checkpoint,
+    default_backbone,
+    fairchem_calculator,
+)
+
+
+@pytest.fixture(scope="session")
+def uma_checkpoints(tmp_path_factory) -> dict[str, BuiltCheckpoint]:
+    folder = tmp_path_factory.mktemp("uma_checkpoints")
+    return {
+        "main": build_checkpoint(folder / "main.pt", default_backbone(), "UMA-S-1.2", seed=11),
+        "variant": build_checkpoint(
+            folder / "variant.pt",
+            default_backbone(
+                lmax=3,
+                mmax=1,
+                chg_spin_emb_type="pos_emb",
+                use_composition_embedding=False,
+                max_neighbors=6,
+                moe_expert_coefficient_norm="pnorm",
+                layers_moe=[1],  # block 0 keeps plain linear maps
+            ),
+            "UMA-S-1.2.1",
+            seed=23,
+        ),
+    }
+
+
+@pytest.fixture(scope="session")
+def reference_calculator(uma_checkpoints):
+    """``reference_calculator(kind, task)``: cached fairchem calculators."""
+    cache = {}
+
+    def get(kind: str, task: str):
+        if (kind, task) not in cache:
+            cache[kind, task] = fairchem_calculator(uma_checkpoints[kind].path, task)
+        return cache[kind, task]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def our_calculator(uma_checkpoints):
+    """``our_calculator(kind, task)``: cached fastcalc UMA calculators (float64)."""
+    from fastcalc.uma.calculator import UMACalculator
+
+    cache = {}
+
+    def get(kind: str, task: str):
+        if (kind, task) not in cache:
+            cache[kind, task] = UMACalculator(
+                uma_checkpoints[kind].path, task, dtype="float64", device="cpu"
+            )
+        return cache[kind, task]
+
+    return get
