@@ -26,9 +26,15 @@ _PROFILER_OPS = ("_record_function_enter", "_record_function_enter_new", "_recor
 
 
 def trace(fn: Callable, example_inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
-    """``fn`` traced with symbolic sizes into one graph, profiler nodes removed."""
+    """``fn`` traced with symbolic sizes into one graph, profiler nodes removed.
+
+    Tensors ``fn`` reads from elsewhere (a model's weights) become graph
+    attributes that share their storage, so in-place updates reach the graph.
+    """
     with fx_config.patch(use_duck_shape=False):
-        graph_module = make_fx(fn, tracing_mode="symbolic")(*example_inputs)
+        graph_module = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(
+            *example_inputs
+        )
     _strip_profiler_nodes(graph_module)
     return graph_module
 

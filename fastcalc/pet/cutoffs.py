@@ -1,0 +1,122 @@
+"""Smooth cutoff functions and the adaptive per-atom cutoff of PET.
+
+The adaptive cutoff r_i of atom i is the root of
+
+    n_i(r) = sum_j bump(d_ij; r, w) + N (r / r_max)^3 = N
+
+(N = target neighbour count, w = adaptive taper width). The root is found on
+detached distances by a fixed number of safeguarded Newton steps; gradients are
+attached afterwards by one implicit-function step r - (n_i(r) - N) / n_i'(r), whose
+value is r (up to round-off) and whose derivative is the implicit-function theorem's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Keeps the bump's cot() away from its poles; part of the model definition.
+_BUMP_EPS = 1e-6
+# Floor on dn/dr in the Newton and implicit-function steps.
+_MIN_SLOPE = 1e-6
+# Safeguarded Newton iterations; fixed, so results are reproducible bit-for-bit.
+_NEWTON_STEPS = 10
+# Adapted cutoffs are kept in [r_max / 16, r_max].
+_MIN_CUTOFF_FRACTION = 1.0 / 16.0
+
+
+def _taper_coordinate(
+    distances: torch.Tensor, cutoff: torch.Tensor | float, width: float
+) -> torch.Tensor:
+    """0 where the taper starts (cutoff - width), 1 at the cutoff."""
+    return (distances - (cutoff - width)) / width
+
+
+def bump_cutoff(
+    distances: torch.Tensor, cutoff: torch.Tensor | float, width: float
+) -> torch.Tensor:
+    """C-infinity switch from 1 to 0 over [cutoff - width, cutoff]: (1 + tanh(cot(pi s))) / 2."""
+    s = _taper_coordinate(distances, cutoff, width).clamp(_BUMP_EPS, 1.0 - _BUMP_EPS)
+    return 0.5 * (1.0 + torch.tanh(1.0 / torch.tan(math.pi * s)))
+
+
+def cosine_cutoff(
+    distances: torch.Tensor, cutoff: torch.Tensor | float, width: float
+) -> torch.Tensor:
+    """Cosine switch from 1 to 0 over [cutoff - width, cutoff]."""
+    s = _taper_coordinate(distances, cutoff, width).clamp(0.0, 1.0)
+    return 0.5 * (1.0 + torch.cos(math.pi * s))
+
+
+CUTOFF_FUNCTIONS = {"Bump": bump_cutoff, "Cosine": cosine_cutoff}
+
+
+def _smoothed_count(
+    radii: torch.Tensor,
+    centers: torch.Tensor,
+    distances: torch.Tensor,
+    target: float,
+    max_cutoff: float,
+    width: float,
+) -> torch.Tensor:
+    """n_i(r_i) - N for every atom, differentiable in the distances."""
+    per_pair = bump_cutoff(distances, radii[centers], width)
+    count = torch.zeros_like(radii).index_add(0, centers, per_pair)
+    return count + target * (radii * (1.0 / max_cutoff)) ** 3 - target
+
+
+def _count_and_slope(
+    radii: torch.Tensor,
+    centers: torch.Tensor,
+    distances: torch.Tensor,
+    target: float,
+    max_cutoff: float,
+    width: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """n_i(r_i) - N and dn_i/dr_i in closed form (no autograd)."""
+    s = _taper_coordinate(distances, radii[centers], width)
+    inside = (s > 0.0) & (s < 1.0)
+    angle = math.pi * s.clamp(_BUMP_EPS, 1.0 - _BUMP_EPS)
+    sin = torch.sin(angle)
+    tanh_cot = torch.tanh(torch.cos(angle) / sin)
+    value = torch.where(inside, 0.5 * (1.0 + tanh_cot), (s <= 0.0).to(s.dtype))
+    slope = torch.where(
+        inside, (0.5 * math.pi / width) * (1.0 - tanh_cot * tanh_cot) / (sin * sin), 0.0
+    )
+    count = torch.zeros_like(radii).index_add(0, centers, value)
+    dcount = torch.zeros_like(radii).index_add(0, centers, slope)
+    inverse = 1.0 / max_cutoff
+    x = radii * inverse
+    return count + target * x**3 - target, dcount + 3.0 * target * x**2 * inverse
+
+
+def adaptive_cutoffs(
+    centers: torch.Tensor,
+    distances: torch.Tensor,
+    num_atoms: int,
+    target: float,
+    max_cutoff: float,
+    width: float,
+) -> torch.Tensor:
+    """Per-atom adaptive cutoffs (num_atoms,), differentiable in ``distances``.
+
+    ``centers``/``distances`` describe every pair within ``max_cutoff``.
+    """
+    fixed = distances.detach()
+    with torch.no_grad():
+        low = torch.zeros(num_atoms, dtype=distances.dtype, device=distances.device)
+        high = torch.full_like(low, max_cutoff)
+        radii = 0.5 * high
+        for _ in range(_NEWTON_STEPS):
+            excess, slope = _count_and_slope(radii, centers, fixed, target, max_cutoff, width)
+            below = excess <= 0
+            low = torch.where(below, radii, low)
+            high = torch.where(below, high, radii)
+            newton = radii - excess / slope.clamp_min(_MIN_SLOPE)
+            in_bracket = (newton >= low) & (newton <= high)
+            radii = torch.where(in_bracket, newton, 0.5 * (low + high))
+        _, slope = _count_and_slope(radii, centers, fixed, target, max_cutoff, width)
+    excess = _smoothed_count(radii, centers, distances, target, max_cutoff, width)
+    corrected = radii - excess / slope.clamp_min(_MIN_SLOPE)
+    return corrected.clamp(max_cutoff * _MIN_CUTOFF_FRACTION, max_cutoff)

@@ -1,0 +1,96 @@
+"""Energy, forces and stress of a PET model from one autograd pass through a strain.
+
+Positions and cell are both deformed by (I + strain): dE/dpositions gives forces and
+the symmetric part of dE/dstrain / volume the stress (PET is not exactly rotation
+invariant, so dE/dstrain has a small antisymmetric part, which ASE's Voigt stress
+drops as well). The model's energy scale and per-element composition energies are
+applied afterwards, in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..geometry import energy_forces_stress
+from .core import PETCore
+from .layout import PETLayout
+
+
+@dataclass(frozen=True)
+class EnergyReference:
+    """Affine map from network output to energy: E_i = scale * e_i + composition[type_i]."""
+
+    scale: float
+    composition: torch.Tensor  # (num_species,) float64, ordered like PETCore.atomic_types
+
+
+@dataclass(frozen=True)
+class PETResult:
+    """Float64 outputs for one structure (stress is None for a zero-volume cell)."""
+
+    energy: torch.Tensor
+    energies: torch.Tensor
+    forces: torch.Tensor
+    stress: torch.Tensor | None
+
+
+def energy_and_derivatives(
+    core: PETCore,
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    layout: PETLayout,
+    compute_stress: bool = True,
+    charge: int = 0,
+    spin_multiplicity: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Network per-atom energies (n,), forces (n, 3) and dE/dstrain / volume (3, 3) or None.
+
+    Model units, before the energy reference; one backward pass (see
+    :func:`fastcalc.geometry.energy_forces_stress`).
+    """
+    per_atom: list[torch.Tensor] = []
+
+    def total_energy(deformed_positions: torch.Tensor, deformed_cell: torch.Tensor) -> torch.Tensor:
+        per_atom.append(core(deformed_positions, deformed_cell, layout, charge, spin_multiplicity))
+        return per_atom[0].sum()
+
+    _, forces, stress = energy_forces_stress(total_energy, positions, cell.detach(), compute_stress)
+    return per_atom[0].detach(), forces, stress
+
+
+def apply_reference(
+    reference: EnergyReference,
+    species: torch.Tensor,
+    energies: torch.Tensor,
+    forces: torch.Tensor,
+    stress: torch.Tensor | None,
+) -> PETResult:
+    """Scale network outputs, add composition energies and symmetrise the stress, in float64."""
+    scale = reference.scale
+    composition = reference.composition.to(device=energies.device, dtype=torch.float64)
+    atom_energies = scale * energies.double() + composition[species]
+    if stress is not None:
+        stress = scale * 0.5 * (stress + stress.T).double()
+    return PETResult(atom_energies.sum(), atom_energies, scale * forces.double(), stress)
+
+
+def evaluate(
+    core: PETCore,
+    reference: EnergyReference,
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    layout: PETLayout,
+    charge: int = 0,
+    spin_multiplicity: int = 1,
+) -> PETResult:
+    """Total and per-atom energies, forces and (for a non-zero volume) stress in float64.
+
+    Inputs are in the core's dtype.
+    """
+    compute_stress = bool(torch.linalg.det(cell.detach().double()).abs() > 0.0)
+    energies, forces, stress = energy_and_derivatives(
+        core, positions, cell, layout, compute_stress, charge, spin_multiplicity
+    )
+    return apply_reference(reference, layout.species, energies, forces, stress)
