@@ -2,8 +2,10 @@
 
 from .calculator import InvalidAtomsError, PotentialCalculator, TorchCalculator
 from .neighbors import NeighborOverflowError, VerletNeighborList, neighbor_list
+from .uma import BucketedCalculator
 
 __all__ = [
+    "BucketedCalculator",
     "InvalidAtomsError",
     "NeighborOverflowError",
     "PotentialCalculator",

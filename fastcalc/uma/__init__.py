@@ -2,10 +2,10 @@
 
 Loads fairchem UMA inference checkpoints without fairchem and evaluates them
 with our own implementation, equal to fairchem's ``FAIRChemCalculator`` to
-round-off::
+round-off in float64, compiled per (atom count, edge bucket)::
 
-    from fastcalc.uma.calculator import UMACalculator
-    atoms.calc = UMACalculator("uma-s-1p2.pt", task="omat", dtype="float64")
+    from fastcalc.uma import BucketedCalculator
+    atoms.calc = BucketedCalculator("uma-s-1p2.pt", task_name="omat")
 
 or, with topology computed by the caller (see :mod:`fastcalc.uma.core`)::
 
@@ -13,6 +13,7 @@ or, with topology computed by the caller (see :mod:`fastcalc.uma.core`)::
     out = core.compute(positions, cell, numbers, edge_index, unit_shifts, charge=0, spin=1)
 """
 
+from .calculator import BucketedCalculator
 from .checkpoint import (
     NotUMACheckpointError,
     UMACheckpoint,
@@ -22,6 +23,7 @@ from .checkpoint import (
 from .core import UMACore
 
 __all__ = [
+    "BucketedCalculator",
     "NotUMACheckpointError",
     "UMACheckpoint",
     "UMACore",

@@ -19,7 +19,10 @@ Conditioning on the system
 Task, charge, spin and composition only enter through the system embedding
 and the mixture of linear experts.  :meth:`UMACore.prepare` merges the experts
 for the current system *in place* into preallocated weight buffers, and only
-when the system actually changed; :meth:`UMACore.forward` calls it itself.
+when the system actually changed.  :meth:`UMACore.forward` and
+:meth:`UMACore.energy_and_gradients` read those buffers and do no conditioning,
+so a traced or compiled graph of them stays valid across re-merges;
+:meth:`UMACore.compute` does both steps eagerly.
 """
 
 from __future__ import annotations
@@ -183,7 +186,7 @@ class UMACore(nn.Module):
         """Select the task (dataset) whose head, embedding and normalisers are used."""
         spec = self._checkpoint.task(task)
         if self.head_experts:
-            one_hot = torch.zeros(self.head[0].experts.shape[0], dtype=self.system.dtype)
+            one_hot = self.system.new_zeros(self.head[0].experts.shape[0])
             one_hot[self.head_experts[task]] = 1.0
             for layer in self.head:
                 layer.merge(one_hot)
@@ -225,13 +228,12 @@ class UMACore(nn.Module):
         edge_index: torch.Tensor,
         unit_shifts: torch.Tensor,
         edge_mask: torch.Tensor | None = None,
-        charge: int = 0,
-        spin: int = 0,
     ) -> torch.Tensor:
-        """Raw (normalised, reference-free) energy of one system, as a float64 scalar;
-        differentiable in ``positions`` and ``cell``.  Use :meth:`compute` for
-        physical outputs."""
-        self.prepare(numbers, charge, spin)
+        """Raw (normalised, reference-free) energy as a float64 scalar, differentiable
+        in ``positions`` and ``cell``, for the system last given to :meth:`prepare`.
+
+        Free of host synchronisation and data-dependent control flow, so it can be
+        traced; use :meth:`compute` for physical outputs."""
         centre, neighbour = edge_index[0], edge_index[1]
         vectors = (
             positions.index_select(0, neighbour)
@@ -276,7 +278,7 @@ class UMACore(nn.Module):
 
     def _initial_features(self, numbers, edge_features, centre, from_edge) -> torch.Tensor:
         """Element + system embedding on l=0, plus the edge-degree embedding."""
-        atoms = numbers.numel()
+        atoms = numbers.shape[0]
         scalar = (self.element_embedding[numbers] + self.system).unsqueeze(1)
         rest = scalar.new_zeros(atoms, (self.lmax + 1) ** 2 - 1, self.channels)
         x = torch.cat((scalar, rest), dim=1)
@@ -285,6 +287,58 @@ class UMACore(nn.Module):
         return x.index_add(0, centre, degree)
 
     # ---------------------------------------------------------------- outputs
+    def energy_and_gradients(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        numbers: torch.Tensor,
+        edge_index: torch.Tensor,
+        unit_shifts: torch.Tensor,
+        edge_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Raw energy, ``dE/dpositions`` and ``dE/dstrain`` (3x3) from one backward pass.
+
+        Positions and cell are multiplied by ``(I + strain)`` at ``strain = 0``.
+        Traceable (the function fastcalc compiles); call :meth:`prepare` first.
+        """
+        positions = positions.detach().requires_grad_(True)
+        options = dict(dtype=positions.dtype, device=positions.device)
+        strain = torch.zeros(3, 3, **options, requires_grad=True)
+        deform = torch.eye(3, **options) + strain
+        with torch.enable_grad():
+            raw = self(
+                positions @ deform, cell @ deform, numbers, edge_index, unit_shifts, edge_mask
+            )
+            grad_positions, grad_strain = torch.autograd.grad(raw, (positions, strain))
+        return raw.detach(), grad_positions, grad_strain
+
+    def outputs(
+        self,
+        raw: torch.Tensor,
+        grad_positions: torch.Tensor,
+        grad_strain: torch.Tensor,
+        cell: torch.Tensor,
+        numbers: torch.Tensor,
+        stress: bool = True,
+    ) -> dict[str, torch.Tensor]:
+        """Energy (eV), forces (eV/A) and, if asked, stress (eV/A^3, 3x3) for the task.
+
+        ``forces = -dE/dpositions`` and ``stress = sym(dE/dstrain) / volume``,
+        each passed through its task normaliser (``value * rmsd + mean``); the
+        energy gets the element references, as fairchem post-processes its outputs.
+        """
+        task = self._task
+        energy = raw * task.energy.rmsd + task.energy.mean
+        if task.element_references is not None:  # float64 on the CPU, like fairchem's
+            reference = task.element_references[numbers.cpu()].sum()
+            energy = energy + reference.to(energy.device)
+        out = {"energy": energy, "forces": -grad_positions * task.forces.rmsd + task.forces.mean}
+        if stress:
+            virial = 0.5 * (grad_strain + grad_strain.T)
+            volume = torch.linalg.det(cell).abs()
+            out["stress"] = virial / volume * task.stress.rmsd + task.stress.mean
+        return out
+
     def compute(
         self,
         positions: torch.Tensor,
@@ -297,34 +351,9 @@ class UMACore(nn.Module):
         spin: int = 0,
         stress: bool = True,
     ) -> dict[str, torch.Tensor]:
-        """Energy (eV), forces (eV/A) and, if asked, stress (eV/A^3, 3x3) for the task.
-
-        Forces and stress come from one backward pass through a strain
-        ``eps``: positions and cell are multiplied by ``(I + eps)``; then
-        ``forces = -dE/dpositions`` and ``stress = sym(dE/deps) / volume``.
-        Each output is then passed through its task normaliser
-        (``value * rmsd + mean``) and the energy gets the element references,
-        exactly as fairchem post-processes its raw outputs.
-        """
-        positions = positions.detach().requires_grad_(True)
-        options = dict(dtype=positions.dtype, device=positions.device)
-        strain = torch.zeros(3, 3, **options, requires_grad=bool(stress))
-        deform = torch.eye(3, **options) + strain
-        with torch.enable_grad():
-            raw = self(
-                positions @ deform, cell @ deform, numbers, edge_index, unit_shifts, edge_mask,
-                charge, spin,
-            )
-            inputs = (positions, strain) if stress else (positions,)
-            grads = torch.autograd.grad(raw, inputs)
-        task = self._task
-        energy = raw.detach() * task.energy.rmsd + task.energy.mean
-        if task.element_references is not None:  # float64 on the CPU, like fairchem's
-            reference = task.element_references[numbers.cpu()].sum()
-            energy = energy + reference.to(energy.device)
-        out = {"energy": energy, "forces": -grads[0] * task.forces.rmsd + task.forces.mean}
-        if stress:
-            virial = 0.5 * (grads[1] + grads[1].T)
-            volume = torch.linalg.det(cell).abs()
-            out["stress"] = virial / volume * task.stress.rmsd + task.stress.mean
-        return out
+        """Eager :meth:`prepare`, :meth:`energy_and_gradients` and :meth:`outputs`."""
+        self.prepare(numbers, charge, spin)
+        gradients = self.energy_and_gradients(
+            positions, cell, numbers, edge_index, unit_shifts, edge_mask
+        )
+        return self.outputs(*gradients, cell, numbers, stress)

@@ -74,6 +74,20 @@ def limit_neighbors(
     return squared_lengths <= threshold[centre]
 
 
+def apply_neighbor_limit(
+    edge_index: torch.Tensor,
+    unit_shifts: torch.Tensor,
+    squared_lengths: torch.Tensor,
+    num_atoms: int,
+    max_neighbors: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The edges :func:`limit_neighbors` keeps (the inputs themselves when none is dropped)."""
+    keep = limit_neighbors(edge_index, squared_lengths, num_atoms, max_neighbors)
+    if bool(keep.all()):
+        return edge_index, unit_shifts
+    return edge_index[:, keep], unit_shifts[keep]
+
+
 def build_topology(
     positions: np.ndarray,
     cell: np.ndarray,
@@ -86,5 +100,6 @@ def build_topology(
     pos = torch.as_tensor(positions, dtype=torch.float64)
     lattice = torch.as_tensor(cell, dtype=torch.float64)
     vectors = pos[edge_index[1]] - pos[edge_index[0]] + unit_shifts.double() @ lattice
-    keep = limit_neighbors(edge_index, vectors.square().sum(-1), len(positions), max_neighbors)
-    return edge_index[:, keep], unit_shifts[keep]
+    return apply_neighbor_limit(
+        edge_index, unit_shifts, vectors.square().sum(-1), len(positions), max_neighbors
+    )

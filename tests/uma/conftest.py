@@ -51,15 +51,17 @@ def reference_calculator(uma_checkpoints):
 
 @pytest.fixture(scope="session")
 def our_calculator(uma_checkpoints):
-    """``our_calculator(kind, task)``: cached fastcalc UMA calculators (float64)."""
-    from fastcalc.uma.calculator import UMACalculator
+    """``our_calculator(kind, task)``: cached eager float64 fastcalc UMA calculators,
+    with small buckets so that padding is always present."""
+    from fastcalc.uma import BucketedCalculator
 
     cache = {}
 
     def get(kind: str, task: str):
         if (kind, task) not in cache:
-            cache[kind, task] = UMACalculator(
-                uma_checkpoints[kind].path, task, dtype="float64", device="cpu"
+            cache[kind, task] = BucketedCalculator(
+                uma_checkpoints[kind].path, task_name=task, dtype="float64", device="cpu",
+                compile_mode=None, bucket_size=64,
             )
         return cache[kind, task]
 

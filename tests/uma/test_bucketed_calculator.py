@@ -1,0 +1,94 @@
+"""BucketedCalculator: task choice, charge/spin checks, padding, supported elements."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ase import Atoms
+
+from fastcalc.calculator import InvalidAtomsError
+from fastcalc.uma import BucketedCalculator, UMACore, UnknownTaskError, load_checkpoint
+from uma_reference import structures
+from test_against_fairchem import assert_matches, evaluate
+
+
+def test_task_name_required_when_ambiguous(uma_checkpoints):
+    path = uma_checkpoints["main"].path
+    with pytest.raises(ValueError, match=r"task_name.*'oc20', 'omat', 'omol'"):
+        BucketedCalculator(path, device="cpu", compile_mode=None)
+    with pytest.raises(UnknownTaskError, match="omcat"):
+        BucketedCalculator(path, task_name="omcat", device="cpu", compile_mode=None)
+
+
+def test_single_task_and_core_defaults(uma_checkpoints):
+    checkpoint = load_checkpoint(uma_checkpoints["main"].path)
+    checkpoint.tasks = {"omat": checkpoint.tasks["omat"]}
+    assert BucketedCalculator(checkpoint, device="cpu", compile_mode=None).task_name == "omat"
+    core = UMACore(load_checkpoint(uma_checkpoints["main"].path), "oc20")
+    calc = BucketedCalculator(core, device="cpu", compile_mode=None)
+    assert calc.task_name == "oc20"
+    assert calc.supported_numbers == frozenset(range(1, 100))  # max_num_elements = 100
+
+
+@pytest.mark.parametrize(
+    "info, message",
+    [
+        ({"charge": 101}, r"charge.*-100 to 100"),
+        ({"spin": -1}, r"spin.*0 to 100"),
+        ({"charge": 0.5}, r"charge.*integer"),
+        ({"spin": "2"}, r"spin.*integer"),
+    ],
+)
+def test_bad_charge_or_spin_is_a_clear_error(our_calculator, reference_calculator, info, message):
+    calc = our_calculator("main", "omol")
+    mol = structures()["molecule"][1]
+    bad = mol.copy()
+    bad.info.update(info)
+    bad.calc = calc
+    with pytest.raises(InvalidAtomsError, match=message):
+        bad.get_potential_energy()
+    reference = evaluate(reference_calculator("main", "omol"), mol)  # still works afterwards
+    assert_matches(evaluate(calc, mol)["energy"], reference["energy"])
+
+
+def test_omol_defaults_charge_zero_spin_one(our_calculator, reference_calculator):
+    mol = structures()["molecule"][1]
+    mol.info.clear()
+    explicit = mol.copy()
+    explicit.info.update(charge=0, spin=1)
+    ours = evaluate(our_calculator("main", "omol"), mol)["energy"]
+    assert_matches(ours, evaluate(reference_calculator("main", "omol"), explicit)["energy"])
+
+
+def test_unsupported_element_is_a_clear_error(our_calculator):
+    atoms = Atoms("CuEs", positions=[[0, 0, 0], [0, 0, 2.2]])  # Es: Z = 99 is fine, 100 is not
+    atoms.numbers[1] = 100
+    atoms.calc = our_calculator("main", "omat")
+    with pytest.raises(InvalidAtomsError, match="does not support Fm"):
+        atoms.get_potential_energy()
+
+
+def test_bucket_size_changes_nothing(uma_checkpoints, our_calculator):
+    """Padded edges (many or none) leave energy, forces and stress unchanged."""
+    task, atoms = structures()["bulk"]
+    small = evaluate(our_calculator("main", task), atoms)  # bucket_size 64
+    for bucket_size in (1, 4096):
+        calc = BucketedCalculator(
+            uma_checkpoints["main"].path, task_name=task, dtype="float64", device="cpu",
+            compile_mode=None, bucket_size=bucket_size,
+        )
+        other = evaluate(calc, atoms)
+        for key in small:
+            np.testing.assert_allclose(other[key], small[key], rtol=1e-12, atol=1e-12)
+
+
+def test_reduce_overhead_on_cpu_warns_and_compiles_default(uma_checkpoints):
+    import fastcalc.uma.calculator as module
+
+    module._warned_cpu_cuda_graphs = False
+    path = uma_checkpoints["main"].path
+    with pytest.warns(UserWarning, match="needs CUDA"):
+        calc = BucketedCalculator(path, task_name="omat", device="cpu")
+    assert calc.compile_mode == "default"
+    with pytest.raises(ValueError, match="compile_mode"):
+        BucketedCalculator(path, task_name="omat", device="cpu", compile_mode="max-autotune")
