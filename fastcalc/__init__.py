@@ -2,10 +2,12 @@
 
 from .calculator import InvalidAtomsError, PotentialCalculator, TorchCalculator
 from .neighbors import NeighborOverflowError, VerletNeighborList, neighbor_list
+from .pet import CompiledPETCalculator
 from .uma import BucketedCalculator
 
 __all__ = [
     "BucketedCalculator",
+    "CompiledPETCalculator",
     "InvalidAtomsError",
     "NeighborOverflowError",
     "PotentialCalculator",

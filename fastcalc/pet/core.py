@@ -41,8 +41,18 @@ class SystemConditioning(nn.Module):
                 f"spin multiplicity {spin_multiplicity} is outside the model's [1, {top_spin}]"
             )
 
-    def forward(self, charge: torch.Tensor, spin_multiplicity: torch.Tensor) -> torch.Tensor:
-        """Integer tensors of shape (1,) -> (1, width) embedding."""
+    def forward(
+        self,
+        charge: int | torch.Tensor,
+        spin_multiplicity: int | torch.Tensor,
+        device: torch.device,
+    ) -> torch.Tensor:
+        """(1, width) embedding of the state. Python integers are checked first; integer
+        tensors (graph inputs of a traced model) are taken as checked by the caller."""
+        if isinstance(charge, int) and isinstance(spin_multiplicity, int):
+            self.check(charge, spin_multiplicity)
+        charge = torch.as_tensor(charge, device=device).view(1)
+        spin_multiplicity = torch.as_tensor(spin_multiplicity, device=device).view(1)
         both = torch.cat(
             [self.charge_table(charge + self.max_charge), self.spin_table(spin_multiplicity - 1)],
             dim=-1,
@@ -136,10 +146,14 @@ class PETCore(nn.Module):
         positions: torch.Tensor,
         cell: torch.Tensor,
         layout: PETLayout,
-        charge: int = 0,
-        spin_multiplicity: int = 1,
+        charge: int | torch.Tensor = 0,
+        spin_multiplicity: int | torch.Tensor = 1,
     ) -> torch.Tensor:
-        """Per-atom energies (n,) in model units (unscaled, without composition energies)."""
+        """Per-atom energies (n,) in model units (unscaled, without composition energies).
+
+        ``charge`` and ``spin_multiplicity`` matter only with system conditioning; see
+        :meth:`SystemConditioning.forward` for integers versus tensors.
+        """
         n = positions.shape[0]
         centers = torch.arange(n, device=positions.device)[:, None]
         vectors = pair_vectors(positions, cell, centers, layout.neighbors, layout.shifts)
@@ -151,9 +165,7 @@ class PETCore(nn.Module):
 
         extra = None
         if self.conditioning is not None:
-            self.conditioning.check(charge, spin_multiplicity)
-            as_index = torch.tensor([charge, spin_multiplicity], device=positions.device)
-            extra = self.conditioning(as_index[:1], as_index[1:])
+            extra = self.conditioning(charge, spin_multiplicity, positions.device)
 
         messages = self.edge_type_embedding(neighbor_types)
         node_features: list[torch.Tensor] = []

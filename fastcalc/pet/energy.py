@@ -42,19 +42,23 @@ def energy_and_derivatives(
     cell: torch.Tensor,
     layout: PETLayout,
     compute_stress: bool = True,
-    charge: int = 0,
-    spin_multiplicity: int = 1,
+    charge: int | torch.Tensor = 0,
+    spin_multiplicity: int | torch.Tensor = 1,
+    atom_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Network per-atom energies (n,), forces (n, 3) and dE/dstrain / volume (3, 3) or None.
 
     Model units, before the energy reference; one backward pass (see
-    :func:`fastcalc.geometry.energy_forces_stress`).
+    :func:`fastcalc.geometry.energy_forces_stress`). Atoms where ``atom_mask`` is False
+    (padding, see :mod:`fastcalc.pet.padding`) are left out of the total energy.
     """
     per_atom: list[torch.Tensor] = []
 
     def total_energy(deformed_positions: torch.Tensor, deformed_cell: torch.Tensor) -> torch.Tensor:
         per_atom.append(core(deformed_positions, deformed_cell, layout, charge, spin_multiplicity))
-        return per_atom[0].sum()
+        if atom_mask is None:
+            return per_atom[0].sum()
+        return torch.where(atom_mask, per_atom[0], 0.0).sum()
 
     _, forces, stress = energy_forces_stress(total_energy, positions, cell.detach(), compute_stress)
     return per_atom[0].detach(), forces, stress

@@ -3,11 +3,14 @@
 :func:`fastcalc.tracing.trace` records the forward and the autograd backward as a
 single aten graph with symbolic sizes (atoms, neighbour slots, adaptive-cutoff pairs);
 :class:`fastcalc.tracing.CompiledGraph` compiles it once for all structure sizes.
+The graph takes flat tensors (:func:`graph_inputs`): positions, cell, a mask of real
+atoms, the [charge, spin multiplicity] state and the layout tensors, so that padding,
+charge and spin change inputs, never the graph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -19,49 +22,71 @@ from .layout import PETLayout
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def trace_pet(
-    core: PETCore,
+def graph_inputs(
     positions: torch.Tensor,
     cell: torch.Tensor,
     layout: PETLayout,
+    atom_mask: torch.Tensor | None = None,
     charge: int = 0,
     spin_multiplicity: int = 1,
-) -> torch.fx.GraphModule:
-    """Graph of (positions, cell, *layout) -> (per-atom energies, forces, dE/dstrain / volume).
+) -> tuple[torch.Tensor, ...]:
+    """The graph's flat inputs; ``atom_mask=None`` means every atom is real.
 
-    Model units, as :func:`fastcalc.pet.energy.energy_and_derivatives` with stress; the
-    example inputs only fix dtypes and which sizes are symbolic (use a 3D-periodic cell).
-    The weights are graph attributes sharing the core's storage; they must not require
-    gradients, or the compiler would differentiate the backward pass too.
+    ``charge`` and ``spin_multiplicity`` are not checked here (the graph cannot):
+    use ``PETCore.conditioning.check`` first.
+    """
+    device = positions.device
+    if atom_mask is None:
+        atom_mask = torch.ones(len(positions), dtype=torch.bool, device=device)
+    state = torch.tensor([charge, spin_multiplicity], device=device)
+    return (positions, cell, atom_mask, state, *layout)
+
+
+def energy_graph(core: PETCore) -> Callable[..., Outputs]:
+    """The traced function: flat inputs -> (per-atom energies, forces, dE/dstrain / volume).
+
+    Model units, as :func:`fastcalc.pet.energy.energy_and_derivatives` with stress;
+    padded atoms (``atom_mask`` False) are left out of the energy.
+    """
+
+    def run(
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        atom_mask: torch.Tensor,
+        state: torch.Tensor,
+        *layout: torch.Tensor,
+    ) -> Outputs:
+        return energy_and_derivatives(
+            core, positions, cell, PETLayout(*layout), True, state[0], state[1], atom_mask
+        )
+
+    return run
+
+
+def trace_pet(core: PETCore, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
+    """:func:`energy_graph` traced on example ``inputs`` (see :func:`graph_inputs`).
+
+    The example only fixes dtypes and which sizes are symbolic. The weights become
+    graph attributes sharing the core's storage; they must not require gradients,
+    or the compiler would differentiate the backward pass too.
     """
     if any(parameter.requires_grad for parameter in core.parameters()):
         raise ValueError(
             "trace a PETCore whose weights do not require grad (requires_grad_(False))"
         )
-
-    def flat(positions: torch.Tensor, cell: torch.Tensor, *layout_tensors: torch.Tensor) -> Outputs:
-        layout = PETLayout(*layout_tensors)
-        return energy_and_derivatives(
-            core, positions, cell, layout, True, charge, spin_multiplicity
-        )
-
-    return trace(flat, [positions, cell, *layout])
+    return trace(energy_graph(core), inputs)
 
 
 def compile_pet(
-    core: PETCore,
-    positions: torch.Tensor,
-    cell: torch.Tensor,
-    layout: PETLayout,
-    charge: int = 0,
-    spin_multiplicity: int = 1,
-) -> Callable[[torch.Tensor, torch.Tensor, PETLayout], Outputs]:
-    """``torch.compile(dynamic=True, fullgraph=True)`` of :func:`trace_pet`'s graph."""
-    compiled = CompiledGraph(
-        trace_pet(core, positions, cell, layout, charge, spin_multiplicity), dynamic=True
-    )
+    core: PETCore, inputs: Sequence[torch.Tensor], mode: str | None = None
+) -> CompiledGraph:
+    """``torch.compile(dynamic=True, fullgraph=True, mode=mode)`` of :func:`trace_pet`'s graph.
 
-    def run(positions: torch.Tensor, cell: torch.Tensor, layout: PETLayout) -> Outputs:
-        return compiled(positions, cell, *layout)
-
-    return run
+    Under ``mode="reduce-overhead"`` the weights are marked as static addresses, so
+    CUDA graph replays read them in place instead of copying them every call.
+    """
+    graph_module = trace_pet(core, inputs)
+    if mode == "reduce-overhead":
+        for tensor in [*graph_module.parameters(), *graph_module.buffers()]:
+            torch._dynamo.mark_static_address(tensor)
+    return CompiledGraph(graph_module, dynamic=True, mode=mode)

@@ -19,7 +19,9 @@ from .support import (
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "compile: slow torch.compile test (about a minute on CPU)")
+    config.addinivalue_line(
+        "markers", "compile: slow torch.compile test (one to two minutes on CPU)"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -62,6 +62,18 @@ MODEL_VARIANTS = {
 }
 
 
+#: The compile tests' model: the smallest graph (one residual layer) that still has every
+#: graph input in use: adaptive cutoffs (pool pairs) and charge/spin conditioning.
+COMPILE_TEST_SIZES = dict(
+    SMALL,
+    num_neighbors_adaptive=6,
+    cutoff_width_adaptive=0.75,
+    system_conditioning=True,
+    max_charge=3,
+    max_spin_multiplicity=4,
+)
+
+
 @dataclass(frozen=True)
 class BuiltModel:
     """A metatrain PET saved in both formats."""
@@ -136,6 +148,12 @@ def build_metatrain_pet(
         _set_tensor_map_values(model.scaler, buffer, scale)
     model.scaler.sync_tensor_maps()
     return model
+
+
+def compile_test_model(directory: Path) -> "BuiltModel":
+    """The compile tests' model (see ``COMPILE_TEST_SIZES``), exported."""
+    model = build_metatrain_pet("single_layer", seed=11, sizes=COMPILE_TEST_SIZES)
+    return save_both_formats(model, directory, "compile_test")
 
 
 def save_both_formats(model, directory: Path, name: str) -> BuiltModel:

@@ -1,0 +1,5 @@
+"""``python -m fastcalc``: the command line."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,166 @@
+"""``CompiledPETCalculator``: PET models on fastcalc's calculator machinery.
+
+Per call, outside any compiled code and without gradients: the neighbour list
+(Verlet skin), the PET layout (adaptive cutoffs solved on the current geometry) and
+its padding to a bucket of (atoms, neighbour slots, pool pairs). Inside one traced
+graph, compiled once for every size: the network, forces and stress. Afterwards,
+in float64: the energy scale and the per-element composition energies.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from ase import Atoms
+
+from ..calculator import InvalidAtomsError, TorchCalculator
+from ..models import resolve_model_path
+from .core import PETCore
+from .energy import EnergyReference, apply_reference
+from .layout import build_layout
+from .load import PETMetadata, load_pet
+from .padding import atom_mask, pad_layout, pad_positions, padded_shape
+from .trace import compile_pet, energy_graph, graph_inputs
+
+__all__ = ["COMPILE_MODES", "CompiledPETCalculator", "charge_and_spin"]
+
+COMPILE_MODES = (None, "default", "reduce-overhead")
+_warned_cpu_compile = False
+
+
+def _integer(key: str, value: object) -> int:
+    """``value`` as an int if it is integral (floats like 1.0 included)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise InvalidAtomsError(f"atoms.info[{key!r}] must be an integer, got {value!r}")
+    if not float(value).is_integer():
+        raise InvalidAtomsError(f"atoms.info[{key!r}] must be an integer, got {value!r}")
+    return int(value)
+
+
+def charge_and_spin(info: dict) -> tuple[int, int]:
+    """Total charge (``info["charge"]``, default 0) and spin multiplicity
+    (``info["spin_multiplicity"]``, else ``info["spin"]``, default 1), as metatomic reads them."""
+    spin_key = "spin_multiplicity" if "spin_multiplicity" in info else "spin"
+    return (
+        _integer("charge", info.get("charge", 0)),
+        _integer(spin_key, info.get(spin_key, 1)),
+    )
+
+
+def _load(model: str | Path | tuple[PETCore, PETMetadata]) -> tuple[PETCore, PETMetadata]:
+    if isinstance(model, tuple):
+        core, metadata = model
+        return core, metadata
+    return load_pet(resolve_model_path(model))
+
+
+class CompiledPETCalculator(TorchCalculator):
+    """Energy, free energy, forces and (3D-periodic systems) stress of a PET model.
+
+    ``model`` is a bundled model name (see :func:`fastcalc.models.resolve_model_path`),
+    a path to a metatomic export (``.pt``) or metatrain checkpoint (``.ckpt``), or a
+    ``(PETCore, PETMetadata)`` pair as :func:`fastcalc.pet.load_pet` returns (the core
+    is moved to ``device`` and ``dtype`` in place). Models with system conditioning
+    read ``atoms.info["charge"]`` and the spin multiplicity
+    (``atoms.info["spin_multiplicity"]`` or ``atoms.info["spin"]``); others ignore them.
+
+    ``compile=True`` traces energy, forces and stress into one graph at the first call
+    and compiles it with ``torch.compile(dynamic=True)``; ``compile_mode`` is its mode:
+    ``None`` means ``"reduce-overhead"`` (CUDA graphs) on CUDA and ``"default"``
+    elsewhere (CUDA graphs need CUDA). ``compile=False`` runs the same padded inputs
+    through the core eagerly. Other keyword arguments go to
+    :class:`fastcalc.calculator.TorchCalculator` (``skin``, ``max_neighbors``, ...).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | tuple[PETCore, PETMetadata],
+        *,
+        device: str | torch.device | None = None,
+        dtype: str = "float32",
+        compile: bool = True,
+        compile_mode: str | None = None,
+        **kwargs,
+    ) -> None:
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
+        core, metadata = _load(model)
+        super().__init__(
+            metadata.cutoff,
+            supported_numbers=metadata.atomic_types,
+            device=device,
+            dtype=dtype,
+            **kwargs,
+        )
+        self.core = core.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        self.metadata = metadata
+        reference = metadata.reference()
+        self.reference = EnergyReference(reference.scale, reference.composition.to(self.device))
+        self.compile_mode = self._mode(compile_mode) if compile else None
+        self._graph = None if compile else energy_graph(self.core)
+
+    def _mode(self, requested: str | None) -> str:
+        """The torch.compile mode; warns once per process that compiling on CPU is slow."""
+        global _warned_cpu_compile
+        if self.device.type == "cuda":
+            return requested or "reduce-overhead"
+        if not _warned_cpu_compile:
+            warnings.warn(
+                "CompiledPETCalculator compiles the model at its first call, which takes about "
+                "a minute on CPU; pass compile=False to run it eagerly instead",
+                UserWarning,
+                stacklevel=3,
+            )
+            _warned_cpu_compile = True
+        return "default"
+
+    def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
+        changes = super().check_state(atoms, tol)
+        if self.atoms is not None and self.atoms.info.get("spin_multiplicity") != atoms.info.get(
+            "spin_multiplicity"
+        ):
+            changes.append("info")
+        return changes
+
+    def _state(self) -> tuple[int, int]:
+        """Checked (charge, spin multiplicity); (0, 1) for models without conditioning."""
+        if self.core.conditioning is None:
+            return 0, 1
+        charge, spin = charge_and_spin(self.atoms.info)
+        try:
+            self.core.conditioning.check(charge, spin)
+        except ValueError as error:
+            raise InvalidAtomsError(str(error)) from error
+        return charge, spin
+
+    def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
+        charge, spin = self._state()
+        hypers = self.metadata.hypers
+        layout = build_layout(
+            positions, cell, numbers, edge_index, unit_shifts, hypers, self.core.species_index
+        )
+        shape = padded_shape(layout, hypers.adaptive)
+        inputs = graph_inputs(
+            pad_positions(positions, shape.atoms),
+            cell,
+            pad_layout(layout, shape, cell, self.cutoff),
+            atom_mask(len(numbers), shape.atoms, self.device),
+            charge,
+            spin,
+        )
+        with torch.enable_grad():  # tracing and the eager graph differentiate
+            if self._graph is None:
+                self._graph = compile_pet(self.core, inputs, self.compile_mode)
+            energies, forces, virial = self._graph(*inputs)
+        n = len(numbers)
+        result = apply_reference(
+            self.reference,
+            layout.species,
+            energies[:n],
+            forces[:n],
+            virial if compute_stress else None,
+        )
+        return result.energy, result.forces, result.stress

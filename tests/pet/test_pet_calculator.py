@@ -1,0 +1,242 @@
+"""CompiledPETCalculator against metatomic's ASE calculator on the same exported model
+(float64, CPU): eager runs on every kind of structure, one compiled run across buckets."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import bulk
+from ase.calculators.calculator import PropertyNotImplementedError
+from ase.stress import full_3x3_to_voigt_6_stress
+from torch._dynamo.utils import counters
+
+import fastcalc.pet.calculator as calculator_module
+from fastcalc import InvalidAtomsError
+from fastcalc.pet import CompiledPETCalculator, PaddedShape
+from fastcalc.pet.layout import structure_layout
+from fastcalc.pet.padding import ATOM_STEP, WIDTH_STEP, pad_layout, padded_size
+
+from .support import (
+    CHARGED_STATE,
+    Reference,
+    compile_test_model,
+    make_structure,
+    upstream_calculator,
+    upstream_results,
+)
+
+RTOL = 1e-9
+CALCULATOR_STRUCTURES = ("bulk", "slab", "molecule", "tiny")
+
+
+def relative_error(ours, theirs) -> float:
+    """Largest deviation relative to the largest reference component."""
+    theirs = np.asarray(theirs)
+    return float(np.max(np.abs(np.asarray(ours) - theirs)) / max(np.max(np.abs(theirs)), 1e-12))
+
+
+def assert_matches(atoms: Atoms, expected: Reference, rtol: float = RTOL) -> None:
+    """Energy, free energy, forces and (3D-periodic) Voigt stress of ``atoms.calc``."""
+    assert relative_error(atoms.get_potential_energy(), expected.energy) < rtol
+    assert atoms.get_potential_energy() == atoms.get_potential_energy(force_consistent=True)
+    assert relative_error(atoms.get_forces(), expected.forces) < rtol
+    if expected.stress is not None:
+        voigt = full_3x3_to_voigt_6_stress(expected.stress)
+        assert relative_error(atoms.get_stress(), voigt) < rtol
+
+
+@pytest.fixture(scope="module")
+def eager(pet_models):
+    """Memoised eager float64 calculators, keyed by model name."""
+    cache: dict[str, CompiledPETCalculator] = {}
+
+    def get(model: str) -> CompiledPETCalculator:
+        if model not in cache:
+            cache[model] = CompiledPETCalculator(
+                pet_models[model].pt, device="cpu", dtype="float64", compile=False
+            )
+        return cache[model]
+
+    return get
+
+
+def evaluated(atoms: Atoms, calculator, **info) -> Atoms:
+    atoms = atoms.copy()
+    atoms.info.update(info)
+    atoms.calc = calculator
+    return atoms
+
+
+@pytest.mark.parametrize("structure", CALCULATOR_STRUCTURES)
+@pytest.mark.parametrize("model", ["fixed", "adaptive"])
+def test_eager_calculator_matches_upstream(model, structure, eager, reference):
+    atoms = evaluated(make_structure(structure), eager(model))
+    assert_matches(atoms, reference(model, structure))
+
+
+def test_no_stress_without_full_periodicity(eager):
+    with pytest.raises(PropertyNotImplementedError):
+        evaluated(make_structure("slab"), eager("fixed")).get_stress()
+
+
+@pytest.mark.parametrize("source", ["ckpt", "loaded pair"])
+def test_checkpoint_or_loaded_model(source, pet_models, loaded, reference):
+    model = pet_models["adaptive"].ckpt if source == "ckpt" else loaded("adaptive", ".pt")
+    calculator = CompiledPETCalculator(model, device="cpu", dtype="float64", compile=False)
+    assert_matches(evaluated(make_structure("bulk"), calculator), reference("adaptive", "bulk"))
+
+
+def test_float32_calculator_is_close_to_upstream(pet_models, reference):
+    calculator = CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile=False)
+    assert calculator.core.edge_type_embedding.weight.dtype == torch.float32
+    assert_matches(evaluated(make_structure("bulk"), calculator), reference("fixed", "bulk"), 1e-4)
+
+
+def test_bundled_model_by_name():
+    from metatomic_ase import MetatomicCalculator
+
+    from fastcalc.demo_models import PET_DEMO_CU
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True)
+    atoms.rattle(0.05, seed=2)
+    calculator = CompiledPETCalculator("pet-demo-cu", device="cpu", compile=False)
+    expected = upstream_results(MetatomicCalculator(str(PET_DEMO_CU), device="cpu"), atoms)
+    assert_matches(evaluated(atoms, calculator), expected, 1e-4)
+
+
+def test_heavy_padding_contributes_nothing(eager, reference, monkeypatch):
+    """Far more padded atoms, slots and pool pairs than any bucket adds: same numbers."""
+
+    def generous(layout, adaptive):
+        atoms, width = layout.neighbors.shape
+        pool = len(layout.pool_centers) + 500 if adaptive else 0
+        return PaddedShape(atoms + 37, width + 9, pool)
+
+    monkeypatch.setattr(calculator_module, "padded_shape", generous)
+    for structure in ("bulk", "molecule"):
+        atoms = evaluated(make_structure(structure), eager("adaptive"))
+        assert_matches(atoms, reference("adaptive", structure))
+
+
+@pytest.mark.parametrize("structure", ["bulk", "molecule"])
+def test_padded_layout_is_consistent(structure, loaded):
+    """Padded atoms are nobody's neighbour and have none; reverse slots hold reversed edges."""
+    core, metadata = loaded("adaptive")
+    atoms = make_structure(structure)
+    positions = torch.tensor(atoms.positions)
+    cell = torch.tensor(atoms.cell.array if atoms.pbc.any() else 10.0 * np.eye(3))
+    layout = structure_layout(
+        positions, cell, atoms.pbc, torch.tensor(atoms.numbers), metadata.hypers, core.species_index
+    )
+    n = len(atoms)
+    padded = pad_layout(layout, PaddedShape(n + 5, layout.mask.shape[1] + 3, 4096), cell, 4.0)
+    assert not padded.mask[n:].any()
+    assert (padded.neighbors[padded.mask] < n).all()
+    centres = torch.arange(n + 5)[:, None].expand_as(padded.neighbors)
+    back = padded.reverse[padded.mask]
+    assert torch.equal(centres.reshape(-1)[back], padded.neighbors[padded.mask])
+    assert torch.equal(padded.neighbors.reshape(-1)[back], centres[padded.mask])
+    assert torch.equal(padded.shifts.reshape(-1, 3)[back], -padded.shifts[padded.mask])
+    pool = padded.pool_shifts[len(layout.pool_shifts) :].double() @ cell
+    assert len(padded.pool_centers) == 4096 and (pool.norm(dim=1) > 4.0).all()
+
+
+def test_bucket_sizes():
+    for step in (ATOM_STEP, WIDTH_STEP):
+        sizes = [padded_size(count, step) for count in range(5000)]
+        assert all(size >= max(count, step) for count, size in enumerate(sizes))
+        assert all(size - count <= max(step, count / 8) for count, size in enumerate(sizes))
+        assert all(size % step == 0 for size in sizes)
+        assert sizes == sorted(sizes) and len(set(sizes)) < 80
+
+
+def test_charge_and_spin_from_atoms_info(eager, reference):
+    calculator = eager("conditioned")
+    atoms = evaluated(make_structure("bulk"), calculator, **CHARGED_STATE)
+    assert_matches(atoms, reference("conditioned", "bulk", charged=True))
+    atoms.info = {"charge": 1, "spin": 2}  # OMol's key for the multiplicity
+    assert_matches(atoms, reference("conditioned", "bulk", charged=True))
+    atoms.info = {}
+    assert_matches(atoms, reference("conditioned", "bulk"))
+
+
+def test_models_without_conditioning_ignore_charge(eager, reference):
+    atoms = evaluated(make_structure("bulk"), eager("fixed"), charge=3, spin=4)
+    assert_matches(atoms, reference("fixed", "bulk"))
+
+
+@pytest.mark.parametrize(
+    "info, message",
+    [({"charge": 4}, "charge 4"), ({"charge": 0.5}, "integer"), ({"spin": 0}, "multiplicity 0")],
+)
+def test_bad_charge_or_spin_is_refused(info, message, eager, reference):
+    atoms = evaluated(make_structure("molecule"), eager("conditioned"), **info)
+    with pytest.raises(InvalidAtomsError, match=message):
+        atoms.get_potential_energy()
+    atoms.info = {}
+    assert_matches(atoms, reference("conditioned", "molecule"))
+
+
+def test_unsupported_element_is_refused_and_calculator_keeps_working(eager, reference):
+    calculator = eager("fixed")
+    copper = make_structure("molecule")
+    copper.numbers[0] = 29
+    with pytest.raises(InvalidAtomsError, match="does not support Cu"):
+        evaluated(copper, calculator).get_potential_energy()
+    atoms = evaluated(make_structure("molecule"), calculator)
+    assert_matches(atoms, reference("fixed", "molecule"))
+
+
+def test_compiling_on_cpu_warns_once(pet_models, monkeypatch):
+    monkeypatch.setattr(calculator_module, "_warned_cpu_compile", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            CompiledPETCalculator(pet_models["fixed"].pt, device="cpu")
+        CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile=False)
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert sum("compile=False" in m for m in messages) == 1
+
+
+def test_unknown_compile_mode_is_refused(pet_models):
+    with pytest.raises(ValueError, match="compile_mode"):
+        CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile_mode="fast")
+
+
+@pytest.fixture(scope="module")
+def compile_model(tmp_path_factory):
+    return compile_test_model(tmp_path_factory.mktemp("compiled"))
+
+
+def graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.compile
+def test_compiled_calculator_across_buckets(compile_model):
+    """Sizes within a bucket, charge and spin compile nothing new; crossing a bucket at
+    most one graph; results kept from an earlier call stay intact."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        calculator = CompiledPETCalculator(compile_model.pt, device="cpu", dtype="float64")
+    upstream = upstream_calculator(compile_model)
+
+    def check(structure: str, **state) -> None:
+        atoms = evaluated(make_structure(structure), calculator, **state)
+        assert_matches(atoms, upstream_results(upstream, make_structure(structure), **state))
+
+    check("bulk")  # 10 atoms: the bucket of 16
+    kept = calculator.results
+    kept_forces = kept["forces"].copy()
+    compiled = graphs()
+    check("slab")  # 9 atoms: same atom bucket, other widths and pool sizes
+    check("bulk", **CHARGED_STATE)
+    assert graphs() == compiled
+    check("molecule")  # 8 and 2 atoms: the bucket of 8
+    check("tiny")
+    assert graphs() <= compiled + 1
+    assert np.array_equal(kept["forces"], kept_forces)
