@@ -31,6 +31,7 @@ from fastcalc.bench import (  # noqa: E402
     BenchRecord,
     copper,
     plot_records,
+    ratio_table,
     time_calculators,
     write_records,
 )
@@ -95,26 +96,6 @@ def once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
     return get
 
 
-def markdown(records: list[BenchRecord]) -> str:
-    """One row per atom count: both times, the speed-up, warm-up, peak memory, recompiles."""
-    rows = [
-        "| atoms | metatomic ms | fastcalc ms | speed-up | fastcalc warm-up s "
-        "| metatomic GiB | fastcalc GiB | recompiles |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    by_size: dict[int, dict[str, BenchRecord]] = {}
-    for record in records:
-        by_size.setdefault(record.natoms, {})[record.impl] = record
-    for natoms, pair in sorted(by_size.items()):
-        theirs, ours = pair["metatomic"], pair["fastcalc"]
-        rows.append(
-            f"| {natoms} | {theirs.median_ms:.2f} | {ours.median_ms:.2f} "
-            f"| {theirs.median_ms / ours.median_ms:.2f}x | {ours.warmup_s:.1f} "
-            f"| {theirs.peak_mem_gib:.2f} | {ours.peak_mem_gib:.2f} | {ours.recompiles} |"
-        )
-    return "\n".join(rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,14 +130,14 @@ def main() -> None:
             records += time_calculators(
                 factories, copper(natoms), model, warmup=warmup, calls=calls
             )
-            print(markdown(records), flush=True)
+            print(ratio_table(records, "metatomic"), flush=True)
             write_records(records, args.out)
     try:
         plot_records(records, args.out.with_suffix(".png"))
     except ImportError:  # matplotlib is optional
         pass
     print(f"\n{model}, {records[0].gpu}, torch {torch.__version__}; wrote {args.out}\n")
-    print(markdown(records))
+    print(ratio_table(records, "metatomic"))
 
 
 if __name__ == "__main__":

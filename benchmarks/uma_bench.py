@@ -30,6 +30,7 @@ from fastcalc.bench import (  # noqa: E402
     BenchRecord,
     copper,
     plot_records,
+    ratio_table,
     time_calculators,
     write_records,
 )
@@ -74,26 +75,6 @@ def energies_agree(path: Path, device: str, natoms: int) -> float:
     return abs(values[0] - values[1]) / max(abs(values[0]), 1.0)
 
 
-def markdown(records: list[BenchRecord]) -> str:
-    """One row per atom count: both times, the speed-up, peak memory, recompiles."""
-    rows = [
-        "| atoms | fairchem ms | fastcalc ms | speed-up | fairchem GiB | fastcalc GiB "
-        "| recompiles |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    by_size: dict[int, dict[str, BenchRecord]] = {}
-    for record in records:
-        by_size.setdefault(record.natoms, {})[record.impl] = record
-    for natoms, pair in sorted(by_size.items()):
-        theirs, ours = pair["fairchem"], pair["fastcalc"]
-        rows.append(
-            f"| {natoms} | {theirs.median_ms:.2f} | {ours.median_ms:.2f} "
-            f"| {theirs.median_ms / ours.median_ms:.2f}x | {theirs.peak_mem_gib:.2f} "
-            f"| {ours.peak_mem_gib:.2f} | {ours.recompiles} |"
-        )
-    return "\n".join(rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -132,14 +113,14 @@ def main() -> None:
             records += time_calculators(
                 factories, copper(natoms), model, warmup=warmup, calls=calls
             )
-            print(markdown(records), flush=True)
+            print(ratio_table(records, "fairchem"), flush=True)
             write_records(records, out)
     try:
         plot_records(records, out.with_suffix(".png"))
     except ImportError:  # matplotlib is optional
         pass
     print(f"\n{model}, {records[0].gpu}, torch {torch.__version__}; wrote {out}\n")
-    print(markdown(records))
+    print(ratio_table(records, "fairchem"))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,14 @@ from ase import Atoms
 from ase.build import bulk
 from ase.calculators.calculator import Calculator, all_changes
 
-__all__ = ["BenchRecord", "copper", "plot_records", "time_calculators", "write_records"]
+__all__ = [
+    "BenchRecord",
+    "copper",
+    "plot_records",
+    "ratio_table",
+    "time_calculators",
+    "write_records",
+]
 
 #: Repeats of the cubic 4-atom fcc cell for the benchmarked atom counts.
 COPPER_REPEATS = {32: (2, 2, 2), 64: (2, 2, 4), 108: (3, 3, 3), 256: (4, 4, 4), 1008: (6, 6, 7)}
@@ -163,3 +170,24 @@ def plot_records(records: Iterable[BenchRecord], path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def ratio_table(records: Iterable[BenchRecord], upstream: str, ours: str = "fastcalc") -> str:
+    """Markdown table, one row per atom count: both times, the ratio, warm-up, memory."""
+    rows = [
+        f"| atoms | {upstream} ms | {ours} ms | ratio | warm-up s ({upstream} / {ours}) "
+        f"| peak GiB ({upstream} / {ours}) | recompiles |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    by_size: dict[int, dict[str, BenchRecord]] = {}
+    for record in records:
+        by_size.setdefault(record.natoms, {})[record.impl] = record
+    for natoms, pair in sorted(by_size.items()):
+        theirs, mine = pair[upstream], pair[ours]
+        rows.append(
+            f"| {natoms} | {theirs.median_ms:.2f} | {mine.median_ms:.2f} "
+            f"| {theirs.median_ms / mine.median_ms:.2f}x "
+            f"| {theirs.warmup_s:.1f} / {mine.warmup_s:.1f} "
+            f"| {theirs.peak_mem_gib:.2f} / {mine.peak_mem_gib:.2f} | {mine.recompiles} |"
+        )
+    return "\n".join(rows)

@@ -25,3 +25,13 @@ def test_records_one_row_per_implementation_and_plots_them(tmp_path):
                             "p90_ms", "warmup_s", "peak_mem_gib", "recompiles"}
     plot_records(records, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ratio_table_puts_both_implementations_of_a_size_on_one_row():
+    from fastcalc.bench import BenchRecord, ratio_table
+
+    def record(impl, ms):
+        return BenchRecord("2026-11-30", "cpu", "2.13", "m", 64, impl, ms, ms, 1.0, 0.5, 0)
+
+    table = ratio_table([record("upstream", 30.0), record("fastcalc", 10.0)], "upstream")
+    assert table.splitlines()[2] == "| 64 | 30.00 | 10.00 | 3.00x | 1.0 / 1.0 | 0.50 / 0.50 | 0 |"
