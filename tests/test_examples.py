@@ -14,3 +14,21 @@ def test_pair_potential_md_conserves_energy():
     )
     drift = float(result.stdout.split("energy drift")[1].split()[0])
     assert abs(drift) < 0.1, result.stdout
+
+
+def test_cell_relaxation_finds_the_lattice_constant_of_emt():
+    """The UMA demo model was fitted to EMT, so it should relax to EMT's lattice constant."""
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+    from ase.filters import FrechetCellFilter
+    from ase.optimize import FIRE
+
+    reference = bulk("Cu", "fcc", a=3.75, cubic=True)
+    reference.calc = EMT()
+    FIRE(FrechetCellFilter(reference), logfile=None).run(fmax=0.001, steps=300)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "cell_relaxation.py")],
+        capture_output=True, text=True, check=True,
+    )
+    relaxed = float(result.stdout.split("->")[1].split()[0])
+    assert abs(relaxed - reference.cell.lengths()[0]) < 0.02, result.stdout

@@ -17,6 +17,7 @@ import torch
 from ..buckets import pad_edges
 from ..calculator import InvalidAtomsError, TorchCalculator
 from ..geometry import edge_vectors
+from ..models import resolve_model_path
 from .checkpoint import UMACheckpoint, load_checkpoint
 from .compiled import ShapeCompiledGraphs
 from .core import UMACore
@@ -73,8 +74,8 @@ def _shape(inputs) -> tuple[int, int]:
 class BucketedCalculator(TorchCalculator):
     """Energy, forces and stress of a UMA checkpoint for one task, without fairchem.
 
-    ``checkpoint`` is a fairchem UMA inference checkpoint (path or loaded
-    :class:`UMACheckpoint`) or a built :class:`UMACore` (moved to ``device`` and
+    ``checkpoint`` is a fairchem UMA inference checkpoint (path, bundled model
+    name such as ``"uma-demo-cu"``, or loaded :class:`UMACheckpoint`) or a built :class:`UMACore` (moved to ``device`` and
     ``dtype`` in place; its task is the default ``task_name``). ``task_name`` is
     the dataset head, required when there are several. ``atoms.info["charge"]``
     and ``atoms.info["spin"]`` (multiplicity) select charge and spin.
@@ -100,7 +101,7 @@ class BucketedCalculator(TorchCalculator):
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
         if isinstance(checkpoint, (str, Path)):
-            checkpoint = load_checkpoint(checkpoint)
+            checkpoint = load_checkpoint(resolve_model_path(checkpoint))
         task_name = _resolve_task(checkpoint, task_name)
         core = checkpoint if isinstance(checkpoint, UMACore) else UMACore(checkpoint, task_name)
         supported = range(1, core.element_embedding.shape[0])
