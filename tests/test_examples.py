@@ -32,3 +32,21 @@ def test_cell_relaxation_finds_the_lattice_constant_of_emt():
     )
     relaxed = float(result.stdout.split("->")[1].split()[0])
     assert abs(relaxed - reference.cell.lengths()[0]) < 0.02, result.stdout
+
+
+def test_eager_vs_compiled_notebook_runs(monkeypatch):
+    """Run the notebook's code cells (quick mode): every size timed for both calculators."""
+    import matplotlib
+    import nbformat
+
+    matplotlib.use("Agg")
+    monkeypatch.setenv("FASTCALC_EXAMPLE_QUICK", "1")
+    notebook = nbformat.read(EXAMPLES / "eager_vs_compiled.ipynb", as_version=4)
+    namespace: dict = {}
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            exec(compile(cell.source, "eager_vs_compiled.ipynb", "exec"), namespace)
+    assert {(r.natoms, r.impl) for r in namespace["records"]} == {
+        (n, impl) for n in (32, 108) for impl in ("eager", "compiled")
+    }
+    assert all(r.median_ms > 0 for r in namespace["records"])
