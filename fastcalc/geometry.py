@@ -35,15 +35,18 @@ def energy_forces_stress(
     ``energy_fn(positions, cell)`` returns the total energy. Stress comes from a
     homogeneous strain ``ε`` applied to positions and cell alike, ASE's sign
     convention (positive under tension). Without ``compute_stress`` the stress is None.
+    Gradients are enabled here, so callers may run under ``torch.no_grad()``.
     """
     positions = positions.detach().requires_grad_(True)
-    if not compute_stress:
-        energy = energy_fn(positions, cell)
-        (grad,) = torch.autograd.grad(energy, positions)
-        return energy.detach(), -grad, None
-    strain = torch.zeros((3, 3), dtype=positions.dtype, device=positions.device, requires_grad=True)
-    deformation = torch.eye(3, dtype=positions.dtype, device=positions.device) + strain
-    energy = energy_fn(positions @ deformation, cell @ deformation)
-    grad, virial = torch.autograd.grad(energy, (positions, strain))
+    with torch.enable_grad():
+        if not compute_stress:
+            energy = energy_fn(positions, cell)
+            (grad,) = torch.autograd.grad(energy, positions)
+            return energy.detach(), -grad, None
+        options = {"dtype": positions.dtype, "device": positions.device}
+        strain = torch.zeros((3, 3), **options, requires_grad=True)
+        deformation = torch.eye(3, **options) + strain
+        energy = energy_fn(positions @ deformation, cell @ deformation)
+        grad, virial = torch.autograd.grad(energy, (positions, strain))
     volume = torch.linalg.det(cell).abs()
     return energy.detach(), -grad, virial / volume

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..geometry import edge_vectors, energy_forces_stress
 from .checkpoint import TaskSpec, UMACheckpoint
 from .experts import ExpertRouter, SystemEmbedding
 from .layers import (
@@ -235,11 +236,7 @@ class UMACore(nn.Module):
         Free of host synchronisation and data-dependent control flow, so it can be
         traced; use :meth:`compute` for physical outputs."""
         centre, neighbour = edge_index[0], edge_index[1]
-        vectors = (
-            positions.index_select(0, neighbour)
-            - positions.index_select(0, centre)
-            + unit_shifts.to(positions.dtype) @ cell
-        )
+        vectors = edge_vectors(positions, cell, edge_index, unit_shifts)
         if edge_mask is not None:
             padding = vectors.new_full((3,), self.cutoff)  # length sqrt(3) * cutoff
             vectors = torch.where(edge_mask.unsqueeze(-1), vectors, padding)
@@ -296,35 +293,27 @@ class UMACore(nn.Module):
         unit_shifts: torch.Tensor,
         edge_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Raw energy, ``dE/dpositions`` and ``dE/dstrain`` (3x3) from one backward pass.
+        """Raw energy, ``-dE/dpositions`` and ``(1/V) dE/dstrain`` (3x3) from one backward pass.
 
-        Positions and cell are multiplied by ``(I + strain)`` at ``strain = 0``.
         Traceable (the function fastcalc compiles); call :meth:`prepare` first.
         """
-        positions = positions.detach().requires_grad_(True)
-        options = dict(dtype=positions.dtype, device=positions.device)
-        strain = torch.zeros(3, 3, **options, requires_grad=True)
-        deform = torch.eye(3, **options) + strain
-        with torch.enable_grad():
-            raw = self(
-                positions @ deform, cell @ deform, numbers, edge_index, unit_shifts, edge_mask
-            )
-            grad_positions, grad_strain = torch.autograd.grad(raw, (positions, strain))
-        return raw.detach(), grad_positions, grad_strain
+        return energy_forces_stress(
+            lambda x, c: self(x, c, numbers, edge_index, unit_shifts, edge_mask),
+            positions, cell, compute_stress=True,
+        )
 
     def outputs(
         self,
         raw: torch.Tensor,
-        grad_positions: torch.Tensor,
-        grad_strain: torch.Tensor,
-        cell: torch.Tensor,
+        raw_forces: torch.Tensor,
+        raw_stress: torch.Tensor,
         numbers: torch.Tensor,
         stress: bool = True,
     ) -> dict[str, torch.Tensor]:
         """Energy (eV), forces (eV/A) and, if asked, stress (eV/A^3, 3x3) for the task.
 
-        ``forces = -dE/dpositions`` and ``stress = sym(dE/dstrain) / volume``,
-        each passed through its task normaliser (``value * rmsd + mean``); the
+        The raw forces and the symmetrised raw stress (see :meth:`energy_and_gradients`)
+        each go through their task normaliser (``value * rmsd + mean``); the
         energy gets the element references, as fairchem post-processes its outputs.
         """
         task = self._task
@@ -332,11 +321,10 @@ class UMACore(nn.Module):
         if task.element_references is not None:  # float64 on the CPU, like fairchem's
             reference = task.element_references[numbers.cpu()].sum()
             energy = energy + reference.to(energy.device)
-        out = {"energy": energy, "forces": -grad_positions * task.forces.rmsd + task.forces.mean}
+        out = {"energy": energy, "forces": raw_forces * task.forces.rmsd + task.forces.mean}
         if stress:
-            virial = 0.5 * (grad_strain + grad_strain.T)
-            volume = torch.linalg.det(cell).abs()
-            out["stress"] = virial / volume * task.stress.rmsd + task.stress.mean
+            symmetric = 0.5 * (raw_stress + raw_stress.T)
+            out["stress"] = symmetric * task.stress.rmsd + task.stress.mean
         return out
 
     def compute(
@@ -356,4 +344,4 @@ class UMACore(nn.Module):
         gradients = self.energy_and_gradients(
             positions, cell, numbers, edge_index, unit_shifts, edge_mask
         )
-        return self.outputs(*gradients, cell, numbers, stress)
+        return self.outputs(*gradients, numbers, stress)
