@@ -155,5 +155,5 @@ class BucketedCalculator(TorchCalculator):
         edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
         inputs = (positions, cell, numbers, edges.edge_index, edges.unit_shifts, edges.edge_mask)
         run = self.core.energy_and_gradients if self._graphs is None else self._graphs
-        out = self.core.outputs(*run(*inputs), numbers, compute_stress)
+        out = self.core.outputs(*run(*inputs), compute_stress)
         return out["energy"], out["forces"], out.get("stress")

@@ -153,6 +153,7 @@ class UMACore(nn.Module):
         self._build_head(checkpoint)
         self.to(dtype)
         self._context: tuple | None = None
+        self._reference_energy = torch.zeros((), dtype=torch.float64)
         self.set_task(task)
 
     # ------------------------------------------------------------------ setup
@@ -212,6 +213,12 @@ class UMACore(nn.Module):
         key = (self._task.name, int(charge), int(spin), composition)
         if key == self._context:
             return
+        references = self._task.element_references
+        self._reference_energy = (
+            torch.zeros((), dtype=torch.float64)
+            if references is None
+            else (references[species] * counts).sum()  # float64 on the CPU, like fairchem's
+        )
         system = self.system_embedding(int(charge), int(spin), self._task.name)
         self.system.copy_(system)
         if self.router is not None:
@@ -307,20 +314,17 @@ class UMACore(nn.Module):
         raw: torch.Tensor,
         raw_forces: torch.Tensor,
         raw_stress: torch.Tensor,
-        numbers: torch.Tensor,
         stress: bool = True,
     ) -> dict[str, torch.Tensor]:
         """Energy (eV), forces (eV/A) and, if asked, stress (eV/A^3, 3x3) for the task.
 
         The raw forces and the symmetrised raw stress (see :meth:`energy_and_gradients`)
         each go through their task normaliser (``value * rmsd + mean``); the
-        energy gets the element references, as fairchem post-processes its outputs.
+        energy gets the element references of the composition given to
+        :meth:`prepare`, as fairchem post-processes its outputs.
         """
         task = self._task
-        energy = raw * task.energy.rmsd + task.energy.mean
-        if task.element_references is not None:  # float64 on the CPU, like fairchem's
-            reference = task.element_references[numbers.cpu()].sum()
-            energy = energy + reference.to(energy.device)
+        energy = raw * task.energy.rmsd + task.energy.mean + self._reference_energy.to(raw.device)
         out = {"energy": energy, "forces": raw_forces * task.forces.rmsd + task.forces.mean}
         if stress:
             symmetric = 0.5 * (raw_stress + raw_stress.T)
@@ -344,4 +348,4 @@ class UMACore(nn.Module):
         gradients = self.energy_and_gradients(
             positions, cell, numbers, edge_index, unit_shifts, edge_mask
         )
-        return self.outputs(*gradients, numbers, stress)
+        return self.outputs(*gradients, stress)
