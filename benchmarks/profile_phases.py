@@ -1,0 +1,178 @@
+"""Where one fastcalc call spends its time: synchronised medians per phase.
+
+Each phase of a calculator call (neighbour list, topology, padding, compiled graph,
+post-processing) is wrapped in a timer that synchronises the device before and
+after it, so the phases add up to a little more than an unsynchronised call; the
+unsynchronised median is printed too. Also prints how many host-device copies and
+synchronisations one call makes (torch.profiler). Same models as the benchmarks.
+
+    python benchmarks/profile_phases.py pet --device cuda --sizes 64 1008
+    python benchmarks/profile_phases.py uma --device cuda --sizes 108 1008
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from ase.calculators.calculator import Calculator, all_changes
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+from fastcalc.bench import copper  # noqa: E402
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class PhaseTimer:
+    """Wraps callables so that, while enabled, each call's synchronised time is recorded."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = defaultdict(list)
+        self.enabled = False
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            if not self.enabled:
+                return fn(*args, **kwargs)
+            _sync()
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            _sync()
+            self.times[name].append(time.perf_counter() - start)
+            return out
+
+        return timed
+
+    def patch(self, owner: object, attribute: str, name: str | None = None) -> None:
+        setattr(owner, attribute, self.wrap(name or attribute, getattr(owner, attribute)))
+
+
+def _call(calc: Calculator, atoms) -> float:
+    atoms = atoms.copy()
+    atoms.positions += torch.randn(len(atoms), 3, dtype=torch.float64).numpy() * 0.01
+    _sync()
+    start = time.perf_counter()
+    calc.calculate(atoms, ["energy", "forces", "stress"], all_changes)
+    _sync()
+    return time.perf_counter() - start
+
+
+def kernels(calc: Calculator, natoms: int) -> None:
+    """The device kernels of one call (run without CUDA graphs so they are visible)."""
+    atoms = copper(natoms)
+    for _ in range(3):
+        _call(calc, atoms)
+    with torch.profiler.profile() as prof:
+        for _ in range(3):
+            _call(calc, atoms)
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
+    print(f"\n== {natoms} atoms, kernels of 3 calls\n{table}")
+
+
+def profile(calc: Calculator, timer: PhaseTimer, natoms: int, calls: int) -> None:
+    atoms = copper(natoms)
+    start = time.perf_counter()
+    for _ in range(3):
+        _call(calc, atoms)
+    print(f"\n== {natoms} atoms: warm-up {time.perf_counter() - start:.1f} s", flush=True)
+    plain = [_call(calc, atoms) for _ in range(calls)]
+    timer.times.clear()
+    timer.enabled = True
+    synced = [_call(calc, atoms) for _ in range(calls)]
+    timer.enabled = False
+    print(f"call, unsynchronised phases: {statistics.median(plain) * 1e3:8.2f} ms")
+    print(f"call, synchronised phases:   {statistics.median(synced) * 1e3:8.2f} ms")
+    for name, values in timer.times.items():
+        per_call = sum(values) / calls
+        print(f"  {name:24s} {per_call * 1e3:8.2f} ms/call ({len(values) / calls:.1f} calls)")
+    with torch.profiler.profile() as prof:
+        for _ in range(3):
+            _call(calc, atoms)
+    events = prof.key_averages()
+    wanted = ("cudaStreamSynchronize", "cudaMemcpyAsync", "cudaLaunchKernel", "cudaGraphLaunch",
+              "aten::item", "aten::_local_scalar_dense", "aten::nonzero")
+    for event in events:
+        if event.key in wanted:
+            print(f"  {event.key:28s} {event.count / 3:7.1f} per call, "
+                  f"cpu {event.cpu_time_total / 3e3:6.2f} ms")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=18))
+
+
+def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
+    import fastcalc.pet.calculator as module
+    from pet_bench import PET_S, export_pet
+
+    path = Path(tempfile.mkdtemp()) / "pet-s.pt"
+    export_pet(PET_S, path)
+    calc = module.CompiledPETCalculator(path, device=device, compile_mode=mode)
+    timer = PhaseTimer()
+    calc.neighbors = timer.wrap("neighbors", calc.neighbors)
+    for name in ("build_layout", "padded_shape", "pad_layout", "graph_inputs", "apply_reference"):
+        timer.patch(module, name)
+    evaluate = calc.evaluate
+
+    def first_then_wrap(*args):
+        out = evaluate(*args)
+        if not hasattr(calc._graph, "_timed"):
+            graph = calc._graph
+            calc._graph = timer.wrap("graph", graph)
+            calc._graph._timed = True
+        return out
+
+    calc.evaluate = first_then_wrap
+    return calc, timer
+
+
+def uma(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
+    import fastcalc.uma.calculator as module
+    from uma_bench import UMA_S
+    from uma_reference import build_checkpoint, default_backbone
+
+    path = Path(tempfile.mkdtemp()) / "uma-s.pt"
+    build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
+    calc = module.BucketedCalculator(
+        path, task_name="omat", device=device, compile_mode=mode or "reduce-overhead"
+    )
+    timer = PhaseTimer()
+    calc.neighbors = timer.wrap("neighbors", calc.neighbors)
+    for name in ("charge_and_spin", "edge_vectors", "apply_neighbor_limit", "pad_edges"):
+        timer.patch(module, name)
+    timer.patch(calc.core, "prepare")
+    timer.patch(calc.core, "outputs")
+    calc._graphs = timer.wrap("graph", calc._graphs)
+    return calc, timer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("model", choices=["pet", "uma"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 1008])
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--kernels", action="store_true", help="list device kernels instead")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    mode = "default" if args.kernels else None
+    calc, timer = (pet if args.model == "pet" else uma)(args.device, mode)
+    for natoms in args.sizes:
+        if args.kernels:
+            kernels(calc, natoms)
+        else:
+            profile(calc, timer, natoms, args.calls)
+
+
+if __name__ == "__main__":
+    main()
