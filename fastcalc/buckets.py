@@ -74,12 +74,13 @@ def pad_edges(
     device = edge_index.device
     first_cell = (cell[0] if cell.ndim == 3 else cell).detach()
     lengths = first_cell.norm(dim=1)
-    axis = int(torch.argmax(lengths))
-    if float(lengths[axis]) <= 0:
+    if first_cell.device.type == "cpu" and float(lengths.max()) <= 0:  # free on the CPU only
         raise ValueError("cannot pad edges with a zero cell: use padding_cell(cell, cutoff)")
-    repeats = math.floor(cutoff / float(lengths[axis])) + 1
-    shift = torch.zeros(3, dtype=torch.long, device=device)
-    shift[axis] = repeats
+    # along the longest vector, floor(cutoff / length) + 1 times: computed on the device,
+    # so padding never waits for the device
+    axis = torch.argmax(lengths)
+    repeats = torch.floor(cutoff / lengths[axis]).long() + 1
+    shift = (torch.arange(3, device=device) == axis).long() * repeats
     return PaddedEdges(
         edge_index=torch.cat([edge_index, edge_index.new_zeros((2, n_pad))], dim=1),
         unit_shifts=torch.cat([unit_shifts, shift.expand(n_pad, 3)], dim=0),

@@ -239,5 +239,5 @@ def _within(
     else:
         offsets = shifts.to(cell.dtype) @ cell
     lengths = (positions[j] - positions[i] + offsets).norm(dim=1)
-    keep = lengths < cutoff
-    return edge_index[:, keep], shifts[keep]
+    keep = torch.nonzero(lengths < cutoff).squeeze(1)  # one host synchronisation
+    return edge_index.index_select(1, keep), shifts.index_select(0, keep)

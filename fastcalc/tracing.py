@@ -53,7 +53,7 @@ def _strip_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
 
 
 class CompiledGraph:
-    """``torch.compile`` of a traced graph, called like the graph itself.
+    """``torch.compile`` of a traced graph (or any function), called like it.
 
     ``mode`` is passed to ``torch.compile`` (``"reduce-overhead"`` records CUDA
     graphs). With ``dynamic=True`` sizes are symbolic; with ``dynamic=False`` every
@@ -62,7 +62,11 @@ class CompiledGraph:
     """
 
     def __init__(
-        self, graph_module: torch.fx.GraphModule, *, dynamic: bool = True, mode: str | None = None
+        self,
+        graph_module: torch.fx.GraphModule | Callable,
+        *,
+        dynamic: bool = True,
+        mode: str | None = None,
     ) -> None:
         self.mode = mode
         self._compiled = torch.compile(graph_module, dynamic=dynamic, fullgraph=True, mode=mode)

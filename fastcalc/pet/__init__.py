@@ -18,7 +18,7 @@ from .energy import EnergyReference, PETResult, apply_reference, energy_and_deri
 from .hypers import PETHypers
 from .layout import PETLayout, build_layout, structure_layout
 from .load import PETMetadata, load_pet
-from .padding import PaddedShape, pad_layout, padded_shape
+from .padding import PaddedShape, padded_shape
 from .trace import compile_pet, graph_inputs, trace_pet
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "evaluate",
     "graph_inputs",
     "load_pet",
-    "pad_layout",
     "padded_shape",
     "structure_layout",
     "trace_pet",

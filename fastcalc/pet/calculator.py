@@ -20,9 +20,10 @@ from ..calculator import InvalidAtomsError, TorchCalculator
 from ..models import resolve_model_path
 from .core import PETCore
 from .energy import EnergyReference, apply_reference
-from .layout import build_layout
+from ..tracing import CompiledGraph
+from .layout import build_layout, select_edges
 from .load import PETMetadata, load_pet
-from .padding import atom_mask, pad_layout, pad_positions, padded_shape
+from .padding import atom_mask, pad_positions, padded_shape
 from .trace import compile_pet, energy_graph, graph_inputs
 
 __all__ = ["COMPILE_MODES", "CompiledPETCalculator", "charge_and_spin"]
@@ -101,6 +102,9 @@ class CompiledPETCalculator(TorchCalculator):
         self.reference = EnergyReference(reference.scale, reference.composition.to(self.device))
         self.compile_mode = self._mode(compile_mode) if compile else None
         self._graph = None if compile else energy_graph(self.core)
+        # the edge selection (adaptive-cutoff solve) runs every call: compiled, it is a
+        # few fused kernels instead of hundreds of small ones
+        self._select = CompiledGraph(select_edges, dynamic=True) if compile else select_edges
 
     def _mode(self, requested: str | None) -> str:
         """The torch.compile mode; warns once per process that compiling on CPU is slow."""
@@ -138,16 +142,16 @@ class CompiledPETCalculator(TorchCalculator):
 
     def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
         charge, spin = self._state()
-        hypers = self.metadata.hypers
         layout = build_layout(
-            positions, cell, numbers, edge_index, unit_shifts, hypers, self.core.species_index
+            positions, cell, numbers, edge_index, unit_shifts, self.metadata.hypers,
+            self.core.species_index, shape=padded_shape, select=self._select,
         )
-        shape = padded_shape(layout, hypers.adaptive)
+        atoms = layout.species.shape[0]
         inputs = graph_inputs(
-            pad_positions(positions, shape.atoms),
+            pad_positions(positions, atoms),
             cell,
-            pad_layout(layout, shape, cell, self.cutoff),
-            atom_mask(len(numbers), shape.atoms, self.device),
+            layout,
+            atom_mask(len(numbers), atoms, self.device),
             charge,
             spin,
         )
@@ -158,7 +162,7 @@ class CompiledPETCalculator(TorchCalculator):
         n = len(numbers)
         result = apply_reference(
             self.reference,
-            layout.species,
+            layout.species[:n],
             energies[:n],
             forces[:n],
             virial if compute_stress else None,

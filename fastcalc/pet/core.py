@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .cutoffs import CUTOFF_FUNCTIONS, adaptive_cutoffs
+from .cutoffs import CUTOFF_FUNCTIONS, implicit_step
 from .hypers import PETHypers
 from .layers import Head, MessageBlock, attention_bias
 from .layout import PETLayout, pair_distances, pair_vectors
@@ -129,10 +129,10 @@ class PETCore(nn.Module):
             pool = pair_vectors(
                 positions, cell, layout.pool_centers, layout.pool_neighbors, layout.pool_shifts
             )
-            radii = adaptive_cutoffs(
+            radii = implicit_step(
+                layout.radii,
                 layout.pool_centers,
                 pair_distances(pool),
-                positions.shape[0],
                 h.num_neighbors_adaptive,
                 h.cutoff,
                 h.cutoff_width_adaptive,

@@ -5,8 +5,9 @@ The adaptive cutoff r_i of atom i is the root of
     n_i(r) = sum_j bump(d_ij; r, w) + N (r / r_max)^3 = N
 
 (N = target neighbour count, w = adaptive taper width). The root is found on
-detached distances by a fixed number of safeguarded Newton steps; gradients are
-attached afterwards by one implicit-function step r - (n_i(r) - N) / n_i'(r), whose
+detached distances by a fixed number of safeguarded Newton steps, once per call
+while the layout is built; inside the model, gradients are attached by one
+implicit-function step r - (n_i(r) - N) / n_i'(r), whose
 value is r (up to round-off) and whose derivative is the implicit-function theorem's.
 """
 
@@ -91,7 +92,8 @@ def _count_and_slope(
     return count + target * x**3 - target, dcount + 3.0 * target * x**2 * inverse
 
 
-def adaptive_cutoffs(
+@torch.no_grad()
+def solve_adaptive_cutoffs(
     centers: torch.Tensor,
     distances: torch.Tensor,
     num_atoms: int,
@@ -99,24 +101,38 @@ def adaptive_cutoffs(
     max_cutoff: float,
     width: float,
 ) -> torch.Tensor:
-    """Per-atom adaptive cutoffs (num_atoms,), differentiable in ``distances``.
+    """The Newton root r_i (num_atoms,) on detached distances, before the implicit step.
 
     ``centers``/``distances`` describe every pair within ``max_cutoff``.
     """
     fixed = distances.detach()
+    low = torch.zeros(num_atoms, dtype=distances.dtype, device=distances.device)
+    high = torch.full_like(low, max_cutoff)
+    radii = 0.5 * high
+    for _ in range(_NEWTON_STEPS):
+        excess, slope = _count_and_slope(radii, centers, fixed, target, max_cutoff, width)
+        below = excess <= 0
+        low = torch.where(below, radii, low)
+        high = torch.where(below, high, radii)
+        newton = radii - excess / slope.clamp_min(_MIN_SLOPE)
+        in_bracket = (newton >= low) & (newton <= high)
+        radii = torch.where(in_bracket, newton, 0.5 * (low + high))
+    return radii
+
+
+def implicit_step(
+    radii: torch.Tensor,
+    centers: torch.Tensor,
+    distances: torch.Tensor,
+    target: float,
+    max_cutoff: float,
+    width: float,
+) -> torch.Tensor:
+    """Adaptive cutoffs from the root ``radii`` of :func:`solve_adaptive_cutoffs`,
+    differentiable in ``distances`` by the implicit-function theorem, clamped to range."""
+    radii = radii.detach()
     with torch.no_grad():
-        low = torch.zeros(num_atoms, dtype=distances.dtype, device=distances.device)
-        high = torch.full_like(low, max_cutoff)
-        radii = 0.5 * high
-        for _ in range(_NEWTON_STEPS):
-            excess, slope = _count_and_slope(radii, centers, fixed, target, max_cutoff, width)
-            below = excess <= 0
-            low = torch.where(below, radii, low)
-            high = torch.where(below, high, radii)
-            newton = radii - excess / slope.clamp_min(_MIN_SLOPE)
-            in_bracket = (newton >= low) & (newton <= high)
-            radii = torch.where(in_bracket, newton, 0.5 * (low + high))
-        _, slope = _count_and_slope(radii, centers, fixed, target, max_cutoff, width)
+        _, slope = _count_and_slope(radii, centers, distances.detach(), target, max_cutoff, width)
     excess = _smoothed_count(radii, centers, distances, target, max_cutoff, width)
     corrected = radii - excess / slope.clamp_min(_MIN_SLOPE)
     return corrected.clamp(max_cutoff * _MIN_CUTOFF_FRACTION, max_cutoff)

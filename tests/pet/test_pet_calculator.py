@@ -16,9 +16,10 @@ from torch._dynamo.utils import counters
 
 import fastcalc.pet.calculator as calculator_module
 from fastcalc import InvalidAtomsError
+from fastcalc.neighbors import neighbor_list
 from fastcalc.pet import CompiledPETCalculator, PaddedShape
-from fastcalc.pet.layout import structure_layout
-from fastcalc.pet.padding import ATOM_STEP, WIDTH_STEP, pad_layout, padded_size
+from fastcalc.pet.layout import build_layout, exact_shape
+from fastcalc.pet.padding import ATOM_STEP, WIDTH_STEP, padded_size
 
 from .support import (
     CHARGED_STATE,
@@ -111,10 +112,8 @@ def test_bundled_model_by_name():
 def test_heavy_padding_contributes_nothing(eager, reference, monkeypatch):
     """Far more padded atoms, slots and pool pairs than any bucket adds: same numbers."""
 
-    def generous(layout, adaptive):
-        atoms, width = layout.neighbors.shape
-        pool = len(layout.pool_centers) + 500 if adaptive else 0
-        return PaddedShape(atoms + 37, width + 9, pool)
+    def generous(atoms, width, pool):
+        return PaddedShape(atoms + 37, width + 9, pool + 500 if pool else 0)
 
     monkeypatch.setattr(calculator_module, "padded_shape", generous)
     for structure in ("bulk", "molecule"):
@@ -129,11 +128,16 @@ def test_padded_layout_is_consistent(structure, loaded):
     atoms = make_structure(structure)
     positions = torch.tensor(atoms.positions)
     cell = torch.tensor(atoms.cell.array if atoms.pbc.any() else 10.0 * np.eye(3))
-    layout = structure_layout(
-        positions, cell, atoms.pbc, torch.tensor(atoms.numbers), metadata.hypers, core.species_index
+    numbers = torch.tensor(atoms.numbers)
+    edge_index, shifts = neighbor_list(positions, cell, torch.tensor(atoms.pbc), metadata.cutoff)
+    layout, padded = (
+        build_layout(
+            positions, cell, numbers, edge_index, shifts, metadata.hypers, core.species_index,
+            shape=shape,
+        )
+        for shape in (exact_shape, lambda atoms, width, pool: PaddedShape(atoms + 5, width + 3, 4096))
     )
     n = len(atoms)
-    padded = pad_layout(layout, PaddedShape(n + 5, layout.mask.shape[1] + 3, 4096), cell, 4.0)
     assert not padded.mask[n:].any()
     assert (padded.neighbors[padded.mask] < n).all()
     centres = torch.arange(n + 5)[:, None].expand_as(padded.neighbors)
@@ -142,7 +146,8 @@ def test_padded_layout_is_consistent(structure, loaded):
     assert torch.equal(padded.neighbors.reshape(-1)[back], centres[padded.mask])
     assert torch.equal(padded.shifts.reshape(-1, 3)[back], -padded.shifts[padded.mask])
     pool = padded.pool_shifts[len(layout.pool_shifts) :].double() @ cell
-    assert len(padded.pool_centers) == 4096 and (pool.norm(dim=1) > 4.0).all()
+    assert len(padded.pool_centers) == 4096 and (pool.norm(dim=1) > metadata.cutoff).all()
+    assert torch.equal(padded.radii[:n], layout.radii)
 
 
 def test_bucket_sizes():
