@@ -120,7 +120,8 @@ def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
     calc = module.CompiledPETCalculator(path, device=device, compile_mode=mode)
     timer = PhaseTimer()
     calc.neighbors = timer.wrap("neighbors", calc.neighbors)
-    for name in ("build_layout", "padded_shape", "pad_layout", "graph_inputs", "apply_reference"):
+    calc._select = timer.wrap("select_edges", calc._select)
+    for name in ("build_layout", "graph_inputs", "apply_reference"):
         timer.patch(module, name)
     evaluate = calc.evaluate
 

@@ -21,7 +21,7 @@ import torch
 
 #: Smallest granule of each padded size; atoms and pool stay above PyTorch's 0/1 sizes.
 ATOM_STEP = 8
-WIDTH_STEP = 4
+WIDTH_STEP = 2
 POOL_STEP = 64
 
 
