@@ -1,0 +1,22 @@
+"""Benchmarks: fastcalc's calculators timed against the upstream implementations.
+
+``timing`` times any ASE calculators side by side and records the results.
+"""
+
+from .timing import (
+    BenchRecord,
+    copper,
+    plot_records,
+    ratio_table,
+    time_calculators,
+    write_records,
+)
+
+__all__ = [
+    "BenchRecord",
+    "copper",
+    "plot_records",
+    "ratio_table",
+    "time_calculators",
+    "write_records",
+]
