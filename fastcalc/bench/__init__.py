@@ -1,6 +1,8 @@
 """Benchmarks: fastcalc's calculators timed against the upstream implementations.
 
-``timing`` times any ASE calculators side by side and records the results.
+``timing`` times any ASE calculators side by side and records the results;
+``upstream`` builds random-weight upstream models (metatrain's PET, fairchem's UMA)
+and the upstream calculators, for the benchmarks and the tests.
 """
 
 from .timing import (
