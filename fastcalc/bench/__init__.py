@@ -2,7 +2,8 @@
 
 ``timing`` times any ASE calculators side by side and records the results;
 ``upstream`` builds random-weight upstream models (metatrain's PET, fairchem's UMA)
-and the upstream calculators, for the benchmarks and the tests.
+and the upstream calculators, for the benchmarks and the tests; ``suite`` is what
+``fastcalc bench`` runs.
 """
 
 from .timing import (
