@@ -4,7 +4,7 @@ Each phase of a calculator call (neighbour list, topology, padding, compiled gra
 post-processing) is wrapped in a timer that synchronises the device before and
 after it, so the phases add up to a little more than an unsynchronised call; the
 unsynchronised median is printed too. Also prints how many host-device copies and
-synchronisations one call makes (torch.profiler). Same models as the benchmarks.
+synchronisations one call makes (torch.profiler). Same models as ``fastcalc bench``.
 
     python benchmarks/profile_phases.py pet --device cuda --sizes 64 1008
     python benchmarks/profile_phases.py uma --device cuda --sizes 108 1008
@@ -26,9 +26,10 @@ import torch
 from ase.calculators.calculator import Calculator, all_changes
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 from fastcalc.bench import copper  # noqa: E402
+from fastcalc.bench.suite import PET_S, UMA_S  # noqa: E402
+from fastcalc.bench.upstream import build_checkpoint, default_backbone, export_pet  # noqa: E402
 
 
 def _sync() -> None:
@@ -113,7 +114,6 @@ def profile(calc: Calculator, timer: PhaseTimer, natoms: int, calls: int) -> Non
 
 def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
     import fastcalc.pet.calculator as module
-    from pet_bench import PET_S, export_pet
 
     path = Path(tempfile.mkdtemp()) / "pet-s.pt"
     export_pet(PET_S, path)
@@ -139,8 +139,6 @@ def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
 
 def uma(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
     import fastcalc.uma.calculator as module
-    from uma_bench import UMA_S
-    from uma_reference import build_checkpoint, default_backbone
 
     path = Path(tempfile.mkdtemp()) / "uma-s.pt"
     build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)

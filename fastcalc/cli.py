@@ -1,12 +1,17 @@
-"""The ``fastcalc`` command line: ``fastcalc md`` runs molecular dynamics with a model."""
+"""The ``fastcalc`` command line: ``fastcalc md`` runs molecular dynamics with a model,
+``fastcalc bench`` times fastcalc against the upstream calculators."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+import torch
 from ase.io import read
 
+from .bench.suite import MODELS, run_benchmark
+from .bench.timing import COPPER_REPEATS
 from .md import ENSEMBLES, default_structure, run_md
 from .models import DEMO_MODELS, load_calculator
 
@@ -29,7 +34,36 @@ def _parser() -> argparse.ArgumentParser:
     md.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     md.add_argument("--output", help="ASE trajectory file (.traj) with energies and forces")
     md.add_argument("--log", help="ASE MD log file")
+    bench = commands.add_parser(
+        "bench", help="time fastcalc against the upstream calculators on random models"
+    )
+    bench.add_argument("model", nargs="?", choices=(*MODELS, "all"), default="all",
+                       help="PET-S- or UMA-S-shaped random model, or both (default)")
+    bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    bench.add_argument("--sizes", type=int, nargs="+", choices=sorted(COPPER_REPEATS),
+                       metavar="N", help="atom counts of fcc copper (default: 64 108 1008)")
+    bench.add_argument("--calls", type=_at_least(1), metavar="N",
+                       help="timed calls per size (default: 20)")
+    bench.add_argument("--warmup", type=_at_least(0), metavar="N",
+                       help="warm-up calls per size before timing (default: 3)")
+    bench.add_argument("--out", type=Path, default=Path("benchmarks/results"), metavar="FOLDER",
+                       help="where pet.json, uma.json and their plots go "
+                            "(default: benchmarks/results)")
+    bench.add_argument("--small", action="store_true",
+                       help="tiny models on 32 atoms, 3 calls after 2 warm-up: a smoke test")
     return parser
+
+
+def _at_least(minimum: int):
+    """An argparse type: an integer no smaller than ``minimum``."""
+
+    def count(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return count
 
 
 def _md(args: argparse.Namespace) -> None:
@@ -45,10 +79,22 @@ def _md(args: argparse.Namespace) -> None:
     print(summary)
 
 
+def _bench(args: argparse.Namespace) -> None:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    sizes = args.sizes or ([32] if args.small else [64, 108, 1008])
+    calls = args.calls if args.calls is not None else (3 if args.small else 20)
+    warmup = args.warmup if args.warmup is not None else (2 if args.small else 3)
+    for name in MODELS if args.model == "all" else [args.model]:
+        run_benchmark(name, device=device, sizes=sizes, calls=calls, warmup=warmup,
+                      out=args.out, small=args.small)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "md":
         _md(args)
+    elif args.command == "bench":
+        _bench(args)
 
 
 if __name__ == "__main__":

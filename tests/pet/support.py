@@ -3,7 +3,6 @@ upstream (metatomic ASE calculator) and fastcalc evaluation helpers."""
 
 from __future__ import annotations
 
-import copy
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,15 +12,13 @@ import pytest
 import torch
 from ase import Atoms
 
-metatrain_pet = pytest.importorskip("metatrain.pet")
+pytest.importorskip("metatrain.pet")
 mts = pytest.importorskip("metatensor.torch")
 
 from metatomic.torch import ModelMetadata  # noqa: E402
 from metatrain.pet.modules.finetuning import apply_finetuning_strategy  # noqa: E402
-from metatrain.utils.architectures import get_default_hypers  # noqa: E402
-from metatrain.utils.data import DatasetInfo  # noqa: E402
-from metatrain.utils.data.target_info import get_energy_target_info  # noqa: E402
 
+from fastcalc.bench.upstream import metatomic_calculator, pet_model  # noqa: E402
 from fastcalc.pet.energy import PETResult, evaluate  # noqa: E402
 from fastcalc.pet.layout import structure_layout  # noqa: E402
 
@@ -103,24 +100,12 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
 
 
 def metatrain_hypers(name: str, sizes: dict | None = None, **changes) -> dict:
-    """metatrain's default PET hyper-parameters with the test ``sizes``, variant and ``changes``.
+    """The test ``sizes``, variant and ``changes``, to go over metatrain's default PET
+    hyper-parameters.
 
     ``sizes`` replaces the tiny test widths (``SMALL``); ``{}`` keeps metatrain's defaults.
     """
-    hypers = copy.deepcopy(get_default_hypers("pet")["model"])
-    hypers.update(SMALL if sizes is None else sizes)
-    hypers.update(MODEL_VARIANTS[name])
-    hypers.update(changes)
-    return hypers
-
-
-def energy_dataset_info() -> DatasetInfo:
-    """H/C/O types and one energy target in eV."""
-    return DatasetInfo(
-        length_unit="Angstrom",
-        atomic_types=ATOMIC_TYPES,
-        targets={"energy": get_energy_target_info("energy", {"quantity": "energy", "unit": "eV"})},
-    )
+    return {**(SMALL if sizes is None else sizes), **MODEL_VARIANTS[name], **changes}
 
 
 def build_metatrain_pet(
@@ -130,7 +115,7 @@ def build_metatrain_pet(
 
     ``randomize=False`` keeps metatrain's own initialisation (realistic magnitudes).
     """
-    model = metatrain_pet.PET(metatrain_hypers(name, sizes), energy_dataset_info())
+    model = pet_model(metatrain_hypers(name, sizes), ATOMIC_TYPES)
     model = model.to(torch.float64)
     if name == "lora":
         config = {"method": "lora", "config": {"rank": 2, "alpha": 3.0}, "inherit_heads": {}}
@@ -228,9 +213,7 @@ class Reference:
 
 def upstream_calculator(model: BuiltModel):
     """metatomic's ASE calculator on the exported model."""
-    from metatomic_ase import MetatomicCalculator
-
-    return MetatomicCalculator(str(model.pt), device="cpu")
+    return metatomic_calculator(model.pt, "cpu")
 
 
 def upstream_results(

@@ -7,17 +7,11 @@ import sys
 import pytest
 import torch
 
+from fastcalc.bench.upstream import pet_model
 from fastcalc.pet.hypers import unsupported_features
 from fastcalc.pet.load import load_pet
 
-from .support import (
-    ATOMIC_TYPES,
-    COMPOSITION,
-    ENERGY_SCALE,
-    energy_dataset_info,
-    metatrain_hypers,
-    metatrain_pet,
-)
+from .support import ATOMIC_TYPES, COMPOSITION, ENERGY_SCALE, metatrain_hypers
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".ckpt"])
@@ -39,7 +33,7 @@ def test_metadata_describes_the_model(suffix, loaded):
 
 def checkpoint_with(tmp_path, **changes):
     """A .ckpt of a PET whose hyper-parameters differ from the test defaults by ``changes``."""
-    model = metatrain_pet.PET(metatrain_hypers("fixed", **changes), energy_dataset_info())
+    model = pet_model(metatrain_hypers("fixed", **changes), ATOMIC_TYPES)
     path = tmp_path / "model.ckpt"
     torch.save(model.get_checkpoint(), path)
     return path

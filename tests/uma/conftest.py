@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("fairchem.core")
 
-from uma_reference import (  # noqa: E402
+from fastcalc.bench.upstream import (  # noqa: E402
     BuiltCheckpoint,
     build_checkpoint,
     default_backbone,
@@ -16,6 +16,15 @@ from uma_reference import (  # noqa: E402
 
 @pytest.fixture(scope="session")
 def uma_checkpoints(tmp_path_factory) -> dict[str, BuiltCheckpoint]:
+    """Two small random-weight checkpoints that cover the code paths of published UMA ones.
+
+    ``main``: lmax = mmax = 2, composition embedding, random (``rand_emb``) charge/spin
+    embeddings, ``model_id = "UMA-S-1.2"`` (whose composition mean includes an extra zero
+    row), many neighbours allowed. ``variant``: lmax = 3, mmax = 1, ``pos_emb`` charge/spin
+    embeddings, no composition embedding, "pnorm" expert coefficients, experts in the
+    second block only, and a small ``max_neighbors`` so that fairchem's neighbour-limiting
+    rule is exercised.
+    """
     folder = tmp_path_factory.mktemp("uma_checkpoints")
     return {
         "main": build_checkpoint(folder / "main.pt", default_backbone(), "UMA-S-1.2", seed=11),

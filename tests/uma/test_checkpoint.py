@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from fastcalc.bench.upstream import DATASETS
 from fastcalc.uma import NotUMACheckpointError, UMACore, UnknownTaskError, load_checkpoint
-from uma_reference import DATASETS, structures
+from uma_reference import structures
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]

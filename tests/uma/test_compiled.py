@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from fastcalc.bench.upstream import build_checkpoint, default_backbone, fairchem_calculator
 from fastcalc.uma import BucketedCalculator
 from test_against_fairchem import assert_matches, evaluate
-from uma_reference import build_checkpoint, default_backbone, fairchem_calculator, structures
+from uma_reference import structures
 
 TINY = dict(
     num_layers=1, sphere_channels=8, hidden_channels=8, edge_channels=8, num_distance_basis=8,

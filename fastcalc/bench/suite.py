@@ -1,0 +1,217 @@
+"""``fastcalc bench``: fastcalc against the upstream calculator on the same random model.
+
+For each model the upstream side builds a random-weight model (PET-S- or UMA-S-shaped,
+or a tiny one for a smoke test), eager fastcalc and the eager upstream calculator are
+checked to agree on one structure, and then both are timed with ``time_calculators``
+on rattled fcc copper at each size; the records go to ``{out}/{pet,uma}.json`` and a
+plot next to them. Everything runs in float32 with TF32 off.
+
+- PET: metatrain's PET, exported to a metatomic ``.pt``. fastcalc's
+  ``CompiledPETCalculator`` (default compile mode: CUDA graphs on CUDA) against
+  metatomic's calculator (its eager TorchScript model). One calculator of each kind
+  serves every size, so fastcalc's first ``warmup_s`` includes compiling the model.
+- UMA: a fairchem inference checkpoint built with fairchem's classes, omat task.
+  fastcalc's ``BucketedCalculator`` (``compile_mode="reduce-overhead"``) against
+  fairchem's calculator on its fast path (merged experts, torch.compile, general
+  backend). Both calculators are built afresh at each size.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from ase import Atoms
+from ase.calculators.calculator import Calculator
+from tqdm.auto import tqdm
+
+from ..pet import CompiledPETCalculator
+from ..uma import BucketedCalculator
+from .timing import BenchRecord, copper, plot_records, ratio_table, time_calculators, write_records
+from .upstream import (
+    build_checkpoint,
+    default_backbone,
+    export_pet,
+    fairchem_calculator,
+    metatomic_calculator,
+)
+
+__all__ = ["MODELS", "Agreement", "check_agreement", "run_benchmark"]
+
+#: PET-S-shaped: 3 GNN layers of one attention layer, adaptive cutoffs of 16 neighbours.
+PET_S = dict(
+    d_pet=256, d_node=512, d_head=256, d_feedforward=512, num_heads=8, num_gnn_layers=3,
+    num_attention_layers=1, cutoff=8.0, num_neighbors_adaptive=16,
+)
+PET_TINY = dict(
+    d_pet=16, d_node=32, d_head=16, d_feedforward=32, num_heads=2, num_gnn_layers=1,
+    num_attention_layers=1, cutoff=8.0, num_neighbors_adaptive=16,
+)
+#: UMA-S-shaped: 4 layers, 128 channels, lmax = mmax = 2, 32 experts, cutoff 6 Å.
+UMA_S = dict(
+    sphere_channels=128, hidden_channels=128, edge_channels=128, num_distance_basis=64,
+    num_layers=4, lmax=2, mmax=2, num_experts=32, cutoff=6.0, max_neighbors=300,
+    use_composition_embedding=True, chg_spin_emb_type="rand_emb", moe_dropout=0.0,
+)
+UMA_TINY = dict(
+    sphere_channels=8, hidden_channels=8, edge_channels=8, num_distance_basis=8,
+    num_layers=1, lmax=1, mmax=1, num_experts=4, cutoff=4.0, max_neighbors=300,
+)
+
+#: Largest relative differences (energy; forces and stress against their largest
+#: component) at which eager fastcalc and upstream still count as the same model.
+TOLERANCE = {"energy": 1e-3, "forces": 1e-2, "stress": 1e-2}
+
+
+@dataclass(frozen=True)
+class Contest:
+    """One model's benchmark: the record names and the calculators to compare."""
+
+    model: str
+    upstream: str
+    reference: Callable[[], Calculator]  # eager upstream, for the agreement check
+    eager: Callable[[], Calculator]  # eager fastcalc, for the agreement check
+    contenders: Callable[[], dict[str, Callable[[], Calculator]]]  # timed, for one size
+
+
+def _once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
+    """A factory that builds its calculator at the first call and returns it from then on."""
+    built: list[Calculator] = []
+
+    def get() -> Calculator:
+        if not built:
+            built.append(factory())
+        return built[0]
+
+    return get
+
+
+def _pet(folder: Path, device: str, small: bool) -> Contest:
+    """PET-S-shaped (or tiny) PET exported into ``folder``; one calculator of each kind."""
+    path = export_pet(PET_TINY if small else PET_S, folder / "pet.pt", seed=0)
+    factories = {
+        "metatomic": _once(lambda: metatomic_calculator(path, device)),
+        "fastcalc": _once(lambda: CompiledPETCalculator(path, device=device)),
+    }
+    return Contest(
+        model="pet-tiny-random" if small else "pet-s-random",
+        upstream="metatomic",
+        reference=lambda: metatomic_calculator(path, device),
+        eager=lambda: CompiledPETCalculator(path, device=device, compile=False),
+        contenders=lambda: factories,
+    )
+
+
+def _uma(folder: Path, device: str, small: bool) -> Contest:
+    """UMA-S-shaped (or tiny) checkpoint saved in ``folder``; new calculators per size."""
+    path = folder / "uma.pt"
+    backbone = default_backbone(**(UMA_TINY if small else UMA_S))
+    build_checkpoint(path, backbone, "UMA-S-1.2.1", seed=0)
+    return Contest(
+        model="uma-tiny-random" if small else "uma-s-random",
+        upstream="fairchem",
+        reference=lambda: fairchem_calculator(path, "omat", torch.float32, device),
+        eager=lambda: BucketedCalculator(path, task_name="omat", device=device, compile_mode=None),
+        contenders=lambda: {
+            "fairchem": lambda: fairchem_calculator(
+                path, "omat", torch.float32, device, compiled=True
+            ),
+            "fastcalc": lambda: BucketedCalculator(
+                path, task_name="omat", device=device, compile_mode="reduce-overhead"
+            ),
+        },
+    )
+
+
+#: The benchmarked models by command-line name.
+MODELS: dict[str, Callable[[Path, str, bool], Contest]] = {"pet": _pet, "uma": _uma}
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Relative differences of fastcalc from upstream on one structure."""
+
+    energy: float
+    forces: float
+    stress: float
+
+    def __str__(self) -> str:
+        return f"energy {self.energy:.1e}, forces {self.forces:.1e}, stress {self.stress:.1e}"
+
+
+def _results(calculator: Calculator, atoms: Atoms) -> tuple[float, np.ndarray, np.ndarray]:
+    atoms = atoms.copy()
+    atoms.calc = calculator
+    return atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()
+
+
+def check_agreement(upstream: Calculator, ours: Calculator, atoms: Atoms) -> Agreement:
+    """Relative differences of ``ours`` from ``upstream`` on ``atoms``; raises if they
+    exceed ``TOLERANCE``, since the timings would then compare different models."""
+    energy, forces, stress = _results(upstream, atoms)
+    our_energy, our_forces, our_stress = _results(ours, atoms)
+    agreement = Agreement(
+        energy=abs(our_energy - energy) / max(abs(energy), 1.0),
+        forces=float(np.abs(our_forces - forces).max() / max(np.abs(forces).max(), 1e-12)),
+        stress=float(np.abs(our_stress - stress).max() / max(np.abs(stress).max(), 1e-12)),
+    )
+    if any(getattr(agreement, name) > limit for name, limit in TOLERANCE.items()):
+        raise RuntimeError(
+            f"fastcalc and the upstream calculator disagree on {len(atoms)} atoms "
+            f"(relative differences: {agreement}; tolerated: {TOLERANCE}): "
+            "they do not run the same model"
+        )
+    return agreement
+
+
+def _torch_settings() -> None:
+    """TF32 off everywhere; room for fairchem's dynamic compile to need a graph per size."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch._dynamo.config.recompile_limit = 64
+
+
+def _bar(label: str) -> Callable[[Iterable], Iterable]:
+    """A progress bar over the timed calls."""
+    return lambda steps: tqdm(steps, desc=label, unit="call", leave=False)
+
+
+def run_benchmark(
+    name: str,
+    *,
+    device: str,
+    sizes: list[int],
+    calls: int,
+    warmup: int,
+    out: Path,
+    small: bool = False,
+) -> list[BenchRecord]:
+    """Benchmark model ``name`` (a key of ``MODELS``) and write ``{out}/{name}.json`` and
+    ``.png``; the records are rewritten after each size, so a failure keeps earlier ones."""
+    _torch_settings()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    records: list[BenchRecord] = []
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*compiles the model at its first call.*")
+        contest = MODELS[name](Path(folder), device, small)
+        agreement = check_agreement(contest.reference(), contest.eager(), copper(sizes[0]))
+        print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32, "
+              f"{sizes[0]} atoms), relative differences {agreement}", flush=True)
+        for natoms in sizes:
+            records += time_calculators(
+                contest.contenders(), copper(natoms), contest.model, warmup=warmup, calls=calls,
+                progress=_bar(f"{contest.model}, {natoms} atoms"),
+            )
+            write_records(records, path)
+    plot_records(records, path.with_suffix(".png"))
+    print(f"\n{contest.model} on {records[0].gpu}, torch {records[0].torch}: wrote {path} "
+          f"and {path.with_suffix('.png').name}\n\n{ratio_table(records, contest.upstream)}\n",
+          flush=True)
+    return records

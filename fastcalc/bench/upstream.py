@@ -1,0 +1,260 @@
+"""Random-weight upstream models and the upstream calculators, for benchmarks and tests.
+
+fastcalc is checked and timed against the implementations it replaces: metatrain's PET
+exported to metatomic and run by metatomic's ASE calculator, and UMA checkpoints built
+with fairchem-core's own classes and run by fairchem's ASE calculator. metatrain,
+metatomic-ase and fairchem-core are references, not requirements of fastcalc, so they are
+imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from ase.calculators.calculator import Calculator
+
+__all__ = [
+    "DATASETS",
+    "BuiltCheckpoint",
+    "build_checkpoint",
+    "default_backbone",
+    "export_pet",
+    "fairchem_calculator",
+    "metatomic_calculator",
+    "pet_model",
+]
+
+#: The UMA checkpoints' datasets (one energy and force head each; stress for omat).
+DATASETS = ("oc20", "omat", "omol")
+_NORMALIZATION = "fairchem.core.modules.normalization"
+
+
+@contextmanager
+def _needs(package: str) -> Iterator[None]:
+    """Turn a failed import into an error that names the package to install."""
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        raise ModuleNotFoundError(
+            f"the upstream reference needs {package}, which fastcalc does not install: "
+            f"pip install {package}"
+        ) from error
+
+
+def pet_model(hypers: dict, atomic_types: list[int]) -> torch.nn.Module:
+    """metatrain's PET with ``hypers`` over its defaults and one energy target in eV,
+    initialised by metatrain from torch's global random state."""
+    with _needs("metatrain"):
+        from metatrain.pet import PET
+        from metatrain.utils.architectures import get_default_hypers
+        from metatrain.utils.data import DatasetInfo
+        from metatrain.utils.data.target_info import get_energy_target_info
+
+    model_hypers = copy.deepcopy(get_default_hypers("pet")["model"])
+    model_hypers.update(hypers)
+    energy = get_energy_target_info("energy", {"quantity": "energy", "unit": "eV"})
+    info = DatasetInfo(
+        length_unit="Angstrom", atomic_types=list(atomic_types), targets={"energy": energy}
+    )
+    return PET(model_hypers, info)
+
+
+def export_pet(hypers: dict, path: Path, seed: int = 0) -> Path:
+    """A copper-only PET (metatrain's initialisation after ``torch.manual_seed(seed)``)
+    saved as a metatomic ``.pt`` at ``path``."""
+    torch.manual_seed(seed)
+    pet_model(hypers, [29]).eval().export().save(str(path))
+    return path
+
+
+def metatomic_calculator(path: Path, device: str) -> Calculator:
+    """metatomic's ASE calculator on an exported model (its eager TorchScript model)."""
+    with _needs("metatomic-ase"):
+        from metatomic_ase import MetatomicCalculator
+
+    return MetatomicCalculator(str(path), device=device)
+
+
+@dataclass(frozen=True)
+class BuiltCheckpoint:
+    """A saved random-weight UMA checkpoint and the backbone configuration it was built with."""
+
+    path: Path
+    backbone: dict
+
+
+def default_backbone(**changes) -> dict:
+    """fairchem's eSCN-MD mixture-of-experts backbone configuration: a small one
+    (lmax = mmax = 2, 2 layers, 3 experts, composition embedding) with ``changes``."""
+    config = dict(
+        model="fairchem.core.models.uma.escn_moe.eSCNMDMoeBackbone",
+        max_num_elements=100,
+        sphere_channels=16,
+        lmax=2,
+        mmax=2,
+        otf_graph=True,
+        max_neighbors=300,
+        cutoff=4.5,
+        edge_channels=16,
+        num_distance_basis=24,
+        direct_forces=False,
+        regress_forces=True,
+        regress_stress=True,
+        num_layers=2,
+        hidden_channels=24,
+        norm_type="rms_norm_sh",
+        act_type="gate",
+        ff_type="spectral",
+        chg_spin_emb_type="rand_emb",
+        dataset_mapping={name: name for name in DATASETS},
+        use_dataset_embedding=True,
+        num_experts=3,
+        use_composition_embedding=True,
+        moe_type="so2",
+        model_version=1.2,
+    )
+    config.update(changes)
+    return config
+
+
+def _tasks_config(seed: int) -> list:
+    """Energy and force tasks per dataset and an omat stress task, with random element
+    references and normalisers."""
+    from omegaconf import OmegaConf
+
+    gen = torch.Generator().manual_seed(seed)
+    tasks = []
+    for index, dataset in enumerate(DATASETS):
+        refs = (torch.randn(101, generator=gen, dtype=torch.float64) * 2.0).tolist()
+        energy_norm = {
+            "_target_": "fairchem.core.modules.normalization.normalizer.Normalizer",
+            "mean": 0.25 * index,
+            "rmsd": 1.5 + 0.3 * index,
+        }
+        tasks.append(
+            {
+                "_target_": "fairchem.core.units.mlip_unit.mlip_unit.Task",
+                "name": f"{dataset}_energy",
+                "level": "system",
+                "property": "energy",
+                "out_spec": {"dim": [1], "dtype": "float32"},
+                "normalizer": energy_norm,
+                "element_references": {
+                    "_target_": f"{_NORMALIZATION}.element_references.ElementReferences",
+                    "element_references": {"_target_": "torch.DoubleTensor", "_args_": [refs]},
+                },
+                "datasets": [dataset],
+                "metrics": ["mae"],
+            }
+        )
+        tasks.append(
+            {
+                "_target_": "fairchem.core.units.mlip_unit.mlip_unit.Task",
+                "name": f"{dataset}_forces",
+                "level": "atom",
+                "property": "forces",
+                "out_spec": {"dim": [3], "dtype": "float32"},
+                "normalizer": {**energy_norm, "mean": 0.0},
+                "datasets": [dataset],
+                "metrics": ["mae"],
+            }
+        )
+    tasks.append(
+        {
+            "_target_": "fairchem.core.units.mlip_unit.mlip_unit.Task",
+            "name": "omat_stress",
+            "level": "system",
+            "property": "stress",
+            "out_spec": {"dim": [1, 9], "dtype": "float32"},
+            "normalizer": {
+                "_target_": "fairchem.core.modules.normalization.normalizer.Normalizer",
+                "mean": 0.0,
+                "rmsd": 2.3,
+            },
+            "datasets": ["omat"],
+            "metrics": ["mae"],
+        }
+    )
+    return [OmegaConf.create(task) for task in tasks]
+
+
+def build_checkpoint(path: Path, backbone: dict, model_id: str, seed: int) -> BuiltCheckpoint:
+    """Instantiate a fairchem HydraModel, randomise it and save an inference checkpoint.
+
+    Every floating-point weight is perturbed so that no path is trivially small, and the
+    EMA weights differ from the raw weights so that using the wrong set is detected.
+    """
+    with _needs("fairchem-core"):
+        import hydra
+        from fairchem.core.units.mlip_unit.api.inference import MLIPInferenceCheckpoint
+
+    torch.manual_seed(seed)
+    heads = {
+        "energyandforcehead": {
+            "module": "fairchem.core.models.uma.escn_moe.DatasetSpecificMoEWrapper",
+            "head_cls": "fairchem.core.models.uma.escn_md.MLP_EFS_Head",
+            "head_kwargs": {"wrap_property": False},
+            "dataset_mapping": {name: name for name in DATASETS},
+        }
+    }
+    model_config = {
+        "_target_": "fairchem.core.models.base.HydraModel",
+        "backbone": copy.deepcopy(backbone),
+        "heads": heads,
+        "pass_through_head_outputs": True,
+        "model_id": model_id,
+    }
+    model = hydra.utils.instantiate(copy.deepcopy(model_config))
+    gen = torch.Generator().manual_seed(seed + 1)
+    raw = {}
+    ema = {}
+    for key, value in model.state_dict().items():
+        if value.is_floating_point() and ".Jd_" not in key:  # Jd_* are fixed rotation constants
+            value = value + 0.3 * torch.randn(value.shape, generator=gen, dtype=value.dtype)
+            raw[key] = value
+            noise = torch.randn(value.shape, generator=gen, dtype=value.dtype)
+            ema[f"module.{key}"] = value + 0.1 * noise
+        else:
+            raw[key] = value
+            ema[f"module.{key}"] = value.clone()
+    ema["n_averaged"] = torch.tensor(7)
+    checkpoint = MLIPInferenceCheckpoint(
+        model_config=model_config,
+        model_state_dict=raw,
+        ema_state_dict=ema,
+        tasks_config=_tasks_config(seed + 2),
+    )
+    torch.save(checkpoint, path)
+    return BuiltCheckpoint(path, backbone)
+
+
+def fairchem_calculator(
+    path: Path,
+    task: str,
+    dtype: torch.dtype = torch.float64,
+    device: str = "cpu",
+    compiled: bool = False,
+) -> Calculator:
+    """fairchem's own ASE calculator: general backend, TF32 off; eager without merging
+    the experts, or with ``compiled`` its fast path (merged experts, torch.compile)."""
+    with _needs("fairchem-core"):
+        from fairchem.core.calculate.ase_calculator import FAIRChemCalculator
+        from fairchem.core.units.mlip_unit.api.inference import InferenceSettings
+        from fairchem.core.units.mlip_unit.predict import MLIPPredictUnit
+
+    settings = InferenceSettings(
+        tf32=False,
+        merge_mole=compiled,
+        compile=compiled,
+        activation_checkpointing=False,
+        external_graph_gen=False,
+        base_precision_dtype=dtype,
+        execution_mode="general",
+    )
+    unit = MLIPPredictUnit(str(path), device=device, inference_settings=settings)
+    return FAIRChemCalculator(unit, task_name=task)

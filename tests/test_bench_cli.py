@@ -1,0 +1,130 @@
+"""`fastcalc bench` times fastcalc against the upstream calculator on the same random
+model and writes JSON records and a plot; it refuses to time models that disagree."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from pair_potential import CUTOFF, ase_morse, morse_energy
+
+from fastcalc import PotentialCalculator, cli
+from fastcalc.bench import copper
+from fastcalc.bench.suite import check_agreement
+from fastcalc.bench.upstream import build_checkpoint, default_backbone, export_pet
+from fastcalc.cli import main
+
+RECORD_KEYS = {"date", "gpu", "torch", "model", "natoms", "impl", "median_ms", "p90_ms",
+               "warmup_s", "peak_mem_gib", "recompiles"}
+
+
+@pytest.fixture
+def runs(monkeypatch) -> list:
+    """The (model, options) of each benchmark the command would run."""
+    runs = []
+    monkeypatch.setattr(cli, "run_benchmark", lambda name, **options: runs.append((name, options)))
+    return runs
+
+
+def test_bench_runs_both_models_at_64_108_and_1008_atoms_by_default(runs):
+    main(["bench", "--device", "cpu"])
+    defaults = dict(device="cpu", sizes=[64, 108, 1008], calls=20, warmup=3,
+                    out=Path("benchmarks/results"), small=False)
+    assert runs == [("pet", defaults), ("uma", defaults)]
+
+
+def test_small_runs_3_calls_on_32_atoms_unless_told_otherwise(runs):
+    main(["bench", "uma", "--small", "--device", "cpu"])
+    main(["bench", "pet", "--small", "--device", "cpu", "--sizes", "256", "32", "--warmup", "0",
+          "--out", "here"])
+    assert runs == [
+        ("uma", dict(device="cpu", sizes=[32], calls=3, warmup=2,
+                     out=Path("benchmarks/results"), small=True)),
+        ("pet", dict(device="cpu", sizes=[256, 32], calls=3, warmup=0, out=Path("here"),
+                     small=True)),
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sizes", "64", "100"], "invalid choice: 100 (choose from 32, 64, 108, 256, 1008)"),
+        (["mace"], "invalid choice: 'mace'"),
+        (["--calls", "0"], "--calls: must be at least 1"),
+        (["--device", "tpu"], "invalid choice: 'tpu'"),
+    ],
+)
+def test_bench_rejects_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def small_bench(model: str, folder, capsys) -> tuple[list[dict], str]:
+    """Run ``fastcalc bench MODEL --small --device cpu --out FOLDER``; check the records and
+    the plot that every model's run writes and return the records and the printed text."""
+    main(["bench", model, "--small", "--device", "cpu", "--out", str(folder)])
+    rows = json.loads((folder / f"{model}.json").read_text())
+    for row in rows:
+        assert set(row) == RECORD_KEYS
+        assert (row["natoms"], row["gpu"]) == (32, "cpu")
+        assert 0 < row["median_ms"] <= row["p90_ms"] and row["warmup_s"] > 0
+        assert row["recompiles"] == 0
+    assert (folder / f"{model}.png").read_bytes()[:4] == b"\x89PNG"
+    return rows, capsys.readouterr().out
+
+
+@pytest.fixture
+def compile_nothing(monkeypatch):
+    """``torch.compile`` returns its input. Compiling the tiny models costs minutes on CPU
+    (fastcalc's, and fairchem's on the UMA side) and is not what these tests are about;
+    the PET and UMA compile tests cover fastcalc's."""
+    monkeypatch.setattr(torch, "compile", lambda model, **options: model)
+
+
+@pytest.mark.usefixtures("compile_nothing")
+def test_small_pet_bench_times_fastcalc_and_metatomic_on_a_tiny_pet(tmp_path, capsys):
+    rows, printed = small_bench("pet", tmp_path, capsys)
+    assert [(row["impl"], row["model"]) for row in rows] == [
+        ("metatomic", "pet-tiny-random"), ("fastcalc", "pet-tiny-random")
+    ]
+    assert "eager fastcalc against metatomic (float32, 32 atoms)" in printed
+    assert "| atoms | metatomic ms | fastcalc ms | ratio |" in printed
+
+
+@pytest.mark.usefixtures("compile_nothing")
+def test_small_uma_bench_times_fastcalc_and_fairchem_on_a_tiny_uma(tmp_path, capsys):
+    rows, printed = small_bench("uma", tmp_path, capsys)
+    assert [(row["impl"], row["model"]) for row in rows] == [
+        ("fairchem", "uma-tiny-random"), ("fastcalc", "uma-tiny-random")
+    ]
+    assert "eager fastcalc against fairchem (float32, 32 atoms)" in printed
+    assert "| atoms | fairchem ms | fastcalc ms | ratio |" in printed
+
+
+def test_the_agreement_check_passes_one_model_and_refuses_another():
+    atoms = copper(32)
+    ours = PotentialCalculator(morse_energy, CUTOFF, device="cpu", dtype="float64")
+    agreement = check_agreement(ase_morse(), ours, atoms)
+    assert max(agreement.energy, agreement.forces, agreement.stress) < 1e-10
+    other = ase_morse()
+    other.set(epsilon=1.01 * other.parameters.epsilon)
+    with pytest.raises(RuntimeError, match="disagree on 32 atoms"):
+        check_agreement(other, ours, atoms)
+
+
+@pytest.mark.parametrize(
+    "build, module, package",
+    [
+        (lambda path: export_pet({}, path), "metatrain", "metatrain"),
+        (lambda path: build_checkpoint(path, default_backbone(), "UMA-S-1.2", seed=0),
+         "fairchem", "fairchem-core"),
+    ],
+)
+def test_a_missing_upstream_package_is_named(build, module, package, tmp_path, monkeypatch):
+    for name in [module, *(name for name in sys.modules if name.startswith(f"{module}."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # importing it now fails
+    with pytest.raises(ModuleNotFoundError, match=f"pip install {package}"):
+        build(tmp_path / "model.pt")
