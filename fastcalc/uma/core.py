@@ -42,13 +42,7 @@ from .layers import (
     mixed_linear,
     radial_mlp,
 )
-from .so3 import (
-    WignerFromSamples,
-    coefficient_degrees,
-    edge_frame_rotation,
-    m_major_order,
-    rotate,
-)
+from .so3 import WignerFromSamples, coefficient_degrees, edge_frame_rotation, m_major_order
 
 # option: (fairchem's default when the config omits it, values we implement)
 _SUPPORTED = {
@@ -104,10 +98,10 @@ class _Block(nn.Module):
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
         pairs = torch.cat((x.index_select(0, neighbour), x.index_select(0, centre)), dim=2)
-        messages = rotate(to_edge, pairs)
+        messages = torch.bmm(to_edge, pairs)
         messages, gates = self.conv_1(messages, edge_features)
         messages, _ = self.conv_2(self.gate(gates, messages))
-        x = residual.index_add(0, centre, rotate(from_edge, messages))
+        x = residual.index_add(0, centre, torch.bmm(from_edge, messages))
         return x + self.feed_forward(self.norm_2(x))
 
 
@@ -293,7 +287,7 @@ class UMACore(nn.Module):
         rest = scalar.new_zeros(atoms, (self.lmax + 1) ** 2 - 1, self.channels)
         x = torch.cat((scalar, rest), dim=1)
         radial = self.edge_degree(edge_features).unflatten(1, (self.lmax + 1, self.channels))
-        degree = rotate(from_edge[:, :, : self.lmax + 1], radial) / _EDGE_DEGREE_RESCALE
+        degree = torch.bmm(from_edge[:, :, : self.lmax + 1], radial) / _EDGE_DEGREE_RESCALE
         return x.index_add(0, centre, degree)
 
     # ---------------------------------------------------------------- outputs

@@ -147,21 +147,6 @@ class WignerFromSamples(torch.nn.Module):
         return out
 
 
-def rotate(matrices: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``torch.bmm(matrices, x)`` for per-edge (E, a, b) matrices with small ``b``.
-
-    Written as ``b`` multiply-adds so that the compiler fuses it (and its gradients)
-    into one memory-bound kernel; a batched GEMM of 9x9 matrices is several times slower.
-    """
-    # unbind rather than indexing: its backward (a stack) needs no sizes, which keeps
-    # symbolic sizes out of the traced graph
-    columns, rows = matrices.unbind(2), x.unbind(1)
-    out = columns[0].unsqueeze(-1) * rows[0].unsqueeze(1)
-    for column, row in zip(columns[1:], rows[1:]):
-        out = out + column.unsqueeze(-1) * row.unsqueeze(1)
-    return out
-
-
 def m_major_order(lmax: int, mmax: int) -> list[int]:
     """Indices (into degree-major coefficients) of the edge-frame layout.
 

@@ -13,12 +13,7 @@ from uma_reference import structures
 from fastcalc.uma import UMACore, load_checkpoint
 from fastcalc.buckets import pad_edges, padding_cell
 from fastcalc.uma.graph import build_topology
-from fastcalc.uma.so3 import (
-    WignerFromSamples,
-    edge_frame_rotation,
-    real_spherical_harmonics,
-    rotate,
-)
+from fastcalc.uma.so3 import WignerFromSamples, edge_frame_rotation, real_spherical_harmonics
 
 
 @pytest.fixture(scope="module")
@@ -182,13 +177,6 @@ def e3nn_float64(function):
         return function()
     finally:
         torch.set_default_dtype(previous)
-
-
-def test_rotate_is_a_batched_matrix_product():
-    gen = torch.Generator().manual_seed(3)
-    matrices = torch.randn(11, 7, 9, dtype=torch.float64, generator=gen)
-    x = torch.randn(11, 9, 5, dtype=torch.float64, generator=gen)
-    torch.testing.assert_close(rotate(matrices, x), torch.bmm(matrices, x), rtol=1e-14, atol=1e-14)
 
 
 def test_wigner_matches_e3nn_and_group_law():
