@@ -164,8 +164,8 @@ class VerletNeighborList:
         self.max_neighbors = max_neighbors
         self.searches = 0
         self._width = _INITIAL_WIDTH
-        self._key: tuple | None = None
-        self._reference: torch.Tensor | None = None
+        # (positions, cell, pbc, system_index) of the stored search
+        self._searched: tuple[torch.Tensor, ...] | None = None
         self._candidates: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(
@@ -190,8 +190,8 @@ class VerletNeighborList:
             )
             self.searches += 1
             self._candidates = (edge_index, shifts)
-            self._reference = positions.clone()
-            self._key = _topology_key(cell, pbc, system_index, positions)
+            index = None if system_index is None else system_index.clone()
+            self._searched = (positions.clone(), cell.clone(), pbc.clone(), index)
         edge_index, shifts = self._candidates
         if self.skin == 0:
             return edge_index, shifts
@@ -204,24 +204,25 @@ class VerletNeighborList:
         pbc: torch.Tensor,
         system_index: torch.Tensor | None,
     ) -> bool:
-        if self._reference is None or self._key != _topology_key(cell, pbc, system_index, positions):
+        """Whether the stored search is stale: compared on the device, one host synchronisation."""
+        if self._searched is None:
             return True
-        displacement = (positions - self._reference).norm(dim=1)
-        return bool(displacement.max() > self.skin / 2) if len(displacement) else False
-
-
-def _topology_key(
-    cell: torch.Tensor, pbc: torch.Tensor, system_index: torch.Tensor | None, positions: torch.Tensor
-) -> tuple:
-    """What must be unchanged for a stored search to remain valid."""
-    return (
-        positions.shape,
-        positions.device,
-        positions.dtype,
-        tuple(cell.cpu().flatten().tolist()),
-        tuple(pbc.cpu().flatten().tolist()),
-        None if system_index is None else tuple(system_index.cpu().tolist()),
-    )
+        reference, old_cell, old_pbc, old_index = self._searched
+        same_kind = (
+            (positions.shape, positions.device, positions.dtype)
+            == (reference.shape, reference.device, reference.dtype)
+            and cell.shape == old_cell.shape
+            and pbc.shape == old_pbc.shape
+            and (system_index is None) == (old_index is None)
+        )
+        if not same_kind:
+            return True
+        stale = (cell != old_cell).any() | (pbc != old_pbc).any()
+        if system_index is not None:
+            stale = stale | (system_index.to(old_index.device) != old_index).any()
+        if len(positions):
+            stale = stale | ((positions - reference).norm(dim=1).max() > self.skin / 2)
+        return bool(stale)
 
 
 def _within(
