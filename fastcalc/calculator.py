@@ -160,18 +160,19 @@ class TorchCalculator(Calculator):
         energy, forces, stress = self.evaluate(
             positions, padding_cell(cell, self.cutoff), numbers, edge_index, unit_shifts, periodic
         )
+        parts = [energy.reshape(1), forces.reshape(-1)]
+        if stress is not None:
+            parts.append(stress.reshape(-1))
+        # one float64 copy to the host (not one per result), detached from any graph or
+        # buffer that a later call reuses
+        host = torch.cat([p.detach().to(torch.float64) for p in parts]).cpu().numpy()
         self.results = {
-            "energy": float(energy),
-            "free_energy": float(energy),
-            "forces": _to_numpy(forces),
+            "energy": float(host[0]),
+            "free_energy": float(host[0]),
+            "forces": host[1 : 1 + forces.numel()].reshape(-1, 3),
         }
         if stress is not None:
-            self.results["stress"] = full_3x3_to_voigt_6_stress(_to_numpy(stress))
-
-
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A float64 numpy copy, detached from any graph or reused buffer."""
-    return tensor.detach().to("cpu", torch.float64).numpy().copy()
+            self.results["stress"] = full_3x3_to_voigt_6_stress(host[-9:].reshape(3, 3))
 
 
 EnergyFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PaddedEdges], torch.Tensor]
