@@ -146,7 +146,7 @@ class BucketedCalculator(TorchCalculator):
 
     def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
         charge, spin = charge_and_spin(self.atoms.info, self.task_name)
-        self.core.prepare(numbers, charge, spin)
+        self.core.prepare(torch.from_numpy(self.atoms.numbers), charge, spin)  # host: no sync
         with torch.no_grad():
             lengths = edge_vectors(positions, cell, edge_index, unit_shifts).square().sum(-1)
             edge_index, unit_shifts = apply_neighbor_limit(

@@ -206,7 +206,8 @@ class UMACore(nn.Module):
         """Condition the model on (task, charge, spin, composition); cheap if unchanged.
 
         Recomputes the system embedding and re-merges the experts in place only
-        when one of those changed since the last call.
+        when one of those changed since the last call. ``numbers`` may be on any
+        device; on the CPU, an unchanged system costs no device transfer.
         """
         species, counts = torch.unique(numbers.detach().cpu(), return_counts=True)
         composition = (tuple(species.tolist()), tuple(counts.tolist()))
@@ -218,7 +219,7 @@ class UMACore(nn.Module):
             torch.zeros((), dtype=torch.float64)
             if references is None
             else (references[species] * counts).sum()  # float64 on the CPU, like fairchem's
-        )
+        ).to(self.system.device)
         system = self.system_embedding(int(charge), int(spin), self._task.name)
         self.system.copy_(system)
         if self.router is not None:
