@@ -166,8 +166,9 @@ def build_layout(
     known = (numbers >= 0) & (numbers < index.shape[0])
     species = index[numbers.clamp(0, index.shape[0] - 1)]
     supported = (known & (species >= 0)).all()
-    centers, neighbors = edge_index.to(device=device, dtype=torch.long)
+    edge_index = edge_index.to(device=device, dtype=torch.long)
     shifts = unit_shifts.to(device=device, dtype=torch.long)
+    centers, neighbors = edge_index
     if centers.shape[0] > 0:
         selection = select(positions, cell, centers, neighbors, shifts, hypers)
     else:
@@ -195,7 +196,7 @@ def build_layout(
     if adaptive:
         pool = centers, neighbors, shifts
         if padded.pool > pairs:
-            edges = pad_edges(torch.stack(pool[:2]), shifts, cell, hypers.cutoff, padded.pool)
+            edges = pad_edges(edge_index, shifts, cell, hypers.cutoff, padded.pool)
             pool = edges.edge_index[0], edges.edge_index[1], edges.unit_shifts
         radii = torch.cat([radii, radii.new_full((padded.atoms - n,), hypers.cutoff)])
     return PETLayout(padded_species, *grid, *pool, radii)
