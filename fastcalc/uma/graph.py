@@ -49,8 +49,9 @@ def limit_neighbors(
     num_atoms: int,
     max_neighbors: int,
     tolerance: float = 0.01,
-) -> torch.Tensor:
-    """Boolean mask of the edges fairchem keeps under its ``max_neighbors`` rule.
+) -> torch.Tensor | None:
+    """Boolean mask of the edges fairchem keeps under its ``max_neighbors`` rule, or
+    None when no centre has more than ``max_neighbors`` edges (all are kept).
 
     fairchem's non-strict rule, per centre atom with more than
     ``max_neighbors`` edges: sort the *squared* distances, take the one at
@@ -61,8 +62,8 @@ def limit_neighbors(
     """
     centre = edge_index[0]
     counts = torch.bincount(centre, minlength=max(num_atoms, 1))
-    if max_neighbors <= 0 or int(counts.max()) <= max_neighbors:
-        return torch.ones_like(centre, dtype=torch.bool)
+    if max_neighbors <= 0 or int(counts.max()) <= max_neighbors:  # one host synchronisation
+        return None
     by_length = torch.argsort(squared_lengths)
     order = by_length[torch.argsort(centre[by_length], stable=True)]  # by centre, then length
     first = torch.cumsum(counts, 0) - counts  # index in `order` of each centre's first edge
@@ -83,7 +84,7 @@ def apply_neighbor_limit(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The edges :func:`limit_neighbors` keeps (the inputs themselves when none is dropped)."""
     keep = limit_neighbors(edge_index, squared_lengths, num_atoms, max_neighbors)
-    if bool(keep.all()):
+    if keep is None:
         return edge_index, unit_shifts
     return edge_index[:, keep], unit_shifts[keep]
 
