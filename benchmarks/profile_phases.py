@@ -119,9 +119,9 @@ def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
     export_pet(PET_S, path)
     calc = module.CompiledPETCalculator(path, device=device, compile_mode=mode)
     timer = PhaseTimer()
-    calc.neighbors = timer.wrap("neighbors", calc.neighbors)
-    calc._select = timer.wrap("select_edges", calc._select)
-    for name in ("build_layout", "graph_inputs", "apply_reference"):
+    timer.patch(calc.neighbors, "candidates", "neighbors")
+    timer.patch(calc, "_prepare", "prepare (per search)")
+    for name in ("graph_inputs", "apply_reference"):
         timer.patch(module, name)
     evaluate = calc.evaluate
 

@@ -88,6 +88,9 @@ class TorchCalculator(Calculator):
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
+    #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
+    #: tensors until the next search) instead of the pairs within the cutoff.
+    takes_candidates = False
 
     def __init__(
         self,
@@ -121,7 +124,9 @@ class TorchCalculator(Calculator):
         """Energy (scalar), forces ``(N, 3)`` and stress ``(3, 3)`` or None, in eV and Å.
 
         ``edge_index`` and ``unit_shifts`` are the edges closer than the cutoff
-        (see :mod:`fastcalc.neighbors`); ``cell`` has no zero vector, so a model
+        (see :mod:`fastcalc.neighbors`), or, if :attr:`takes_candidates` is set, the
+        Verlet candidates (:meth:`fastcalc.neighbors.VerletNeighborList.candidates`),
+        which the model must filter itself; ``cell`` has no zero vector, so a model
         can pad them with :func:`fastcalc.buckets.pad_edges`. Stress is asked
         for on fully periodic systems only.
         """
@@ -154,7 +159,8 @@ class TorchCalculator(Calculator):
         pbc = torch.tensor(atoms.pbc, device=self.device)
         numbers = torch.tensor(atoms.numbers, dtype=torch.long, device=self.device)
         try:
-            edge_index, unit_shifts = self.neighbors(positions, cell, pbc)
+            search = self.neighbors.candidates if self.takes_candidates else self.neighbors
+            edge_index, unit_shifts = search(positions, cell, pbc)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
         energy, forces, stress = self.evaluate(

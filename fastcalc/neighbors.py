@@ -176,6 +176,21 @@ class VerletNeighborList:
         system_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(edge_index, unit_shifts)`` of the pairs closer than ``cutoff``."""
+        edge_index, shifts = self.candidates(positions, cell, pbc, system_index)
+        if self.skin == 0:
+            return edge_index, shifts
+        return _within(positions, cell, system_index, edge_index, shifts, self.cutoff)
+
+    def candidates(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        pbc: torch.Tensor,
+        system_index: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(edge_index, unit_shifts)`` of the stored search: every pair closer than
+        ``cutoff`` and some up to ``cutoff + skin``. Searches again first if stale; the
+        same tensors come back until the next search (``searches`` counts them)."""
         positions = positions.detach()
         cell = cell.detach()
         if self._needs_search(positions, cell, pbc, system_index):
@@ -192,10 +207,7 @@ class VerletNeighborList:
             self._candidates = (edge_index, shifts)
             index = None if system_index is None else system_index.clone()
             self._searched = (positions.clone(), cell.clone(), pbc.clone(), index)
-        edge_index, shifts = self._candidates
-        if self.skin == 0:
-            return edge_index, shifts
-        return _within(positions, cell, system_index, edge_index, shifts, self.cutoff)
+        return self._candidates
 
     def _needs_search(
         self,

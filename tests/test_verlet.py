@@ -60,3 +60,17 @@ def test_a_pbc_or_atom_count_change_searches_again():
     del atoms[0]
     assert edges(nl, atoms) == ase_edges(atoms)
     assert nl.searches == 3
+
+
+def test_candidates_are_the_stored_search_until_it_goes_stale():
+    atoms, nl = crystal(), VerletNeighborList(CUTOFF, SKIN)
+    inputs = lambda: (torch.tensor(atoms.positions), torch.tensor(atoms.cell.array),  # noqa: E731
+                      torch.tensor(atoms.pbc))
+    edge_index, shifts = nl.candidates(*inputs())
+    found = set(zip(*edge_index.tolist(), *shifts.T.tolist()))
+    i, j, s = ase_neighbor_list("ijS", atoms, CUTOFF + SKIN)
+    assert found == set(zip(i.tolist(), j.tolist(), *s.T.tolist()))
+    atoms.positions[3] += [0.1, 0, 0]
+    assert nl.candidates(*inputs())[0] is edge_index
+    atoms.positions[3] += [0.2, 0, 0]
+    assert nl.candidates(*inputs())[0] is not edge_index and nl.searches == 2

@@ -1,16 +1,19 @@
 """``CompiledPETCalculator``: PET models on fastcalc's calculator machinery.
 
-Per call, outside any compiled code and without gradients: the neighbour list
-(Verlet skin), the PET layout (adaptive cutoffs solved on the current geometry) and
-its padding to a bucket of (atoms, neighbour slots, pool pairs). Inside one traced
-graph, compiled once for every size: the network, forces and stress. Afterwards,
-in float64: the energy scale and the per-element composition energies.
+Once per neighbour search (Verlet skin), outside compiled code: the search's candidate
+pairs are sorted, paired with their reverses and padded to a bucket, and the layout
+width is sized on the current geometry. Every call, inside one traced graph compiled
+once for every size: the choice of kept edges (adaptive cutoffs solved on the current
+geometry), their padded layout, the network, forces and stress; the graph also
+reports whether the layout fitted its width, the only thing the host waits for.
+Afterwards, in float64: the energy scale and the per-element composition energies.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,10 +23,9 @@ from ..calculator import InvalidAtomsError, TorchCalculator
 from ..models import resolve_model_path
 from .core import PETCore
 from .energy import EnergyReference, apply_reference
-from ..tracing import CompiledGraph
-from .layout import build_layout, select_edges
+from .layout import Candidates, pad_candidates, prepare_candidates, select_edges
 from .load import PETMetadata, load_pet
-from .padding import atom_mask, pad_positions, padded_shape
+from .padding import WIDTH_STEP, PaddedShape, atom_mask, pad_positions, padded_shape, padded_size
 from .trace import compile_pet, energy_graph, graph_inputs
 
 __all__ = ["COMPILE_MODES", "CompiledPETCalculator", "charge_and_spin"]
@@ -58,6 +60,14 @@ def _load(model: str | Path | tuple[PETCore, PETMetadata]) -> tuple[PETCore, PET
     return load_pet(resolve_model_path(model))
 
 
+class Topology(NamedTuple):
+    """What one neighbour search fixes: padded candidates and the padded shape."""
+
+    search: int  # the neighbour list's search counter when these were prepared
+    candidates: Candidates
+    shape: PaddedShape
+
+
 class CompiledPETCalculator(TorchCalculator):
     """Energy, free energy, forces and (3D-periodic systems) stress of a PET model.
 
@@ -75,6 +85,8 @@ class CompiledPETCalculator(TorchCalculator):
     through the core eagerly. Other keyword arguments go to
     :class:`fastcalc.calculator.TorchCalculator` (``skin``, ``max_neighbors``, ...).
     """
+
+    takes_candidates = True
 
     def __init__(
         self,
@@ -102,9 +114,7 @@ class CompiledPETCalculator(TorchCalculator):
         self.reference = EnergyReference(reference.scale, reference.composition.to(self.device))
         self.compile_mode = self._mode(compile_mode) if compile else None
         self._graph = None if compile else energy_graph(self.core)
-        # the edge selection (adaptive-cutoff solve) runs every call: compiled, it is a
-        # few fused kernels instead of hundreds of small ones
-        self._select = CompiledGraph(select_edges, dynamic=True) if compile else select_edges
+        self._topology: Topology | None = None
 
     def _mode(self, requested: str | None) -> str:
         """The torch.compile mode; warns once per process that compiling on CPU is slow."""
@@ -140,29 +150,53 @@ class CompiledPETCalculator(TorchCalculator):
             raise InvalidAtomsError(str(error)) from error
         return charge, spin
 
+    def _prepare(
+        self, positions: torch.Tensor, cell: torch.Tensor, edge_index: torch.Tensor,
+        unit_shifts: torch.Tensor,
+    ) -> Topology:
+        """The topology of the current neighbour search, prepared at its first use."""
+        search = self.neighbors.searches
+        if self._topology is not None and self._topology.search == search:
+            return self._topology
+        candidates = prepare_candidates(edge_index, unit_shifts, len(positions))
+        counts = select_edges(positions, cell, candidates, self.metadata.hypers).counts
+        shape = padded_shape(len(positions), int(counts.max()), len(candidates.centers))
+        candidates = pad_candidates(candidates, cell, self.metadata.hypers.cutoff, shape.pool)
+        self._topology = Topology(search, candidates, shape)
+        return self._topology
+
     def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
         charge, spin = self._state()
-        layout = build_layout(
-            positions, cell, numbers, edge_index, unit_shifts, self.metadata.hypers,
-            self.core.species_index, shape=padded_shape, select=self._select,
-        )
-        atoms = layout.species.shape[0]
-        inputs = graph_inputs(
-            pad_positions(positions, atoms),
-            cell,
-            layout,
-            atom_mask(len(numbers), atoms, self.device),
-            charge,
-            spin,
-        )
-        with torch.enable_grad():  # tracing and the eager graph differentiate
-            if self._graph is None:
-                self._graph = compile_pet(self.core, inputs, self.compile_mode)
-            energies, forces, virial = self._graph(*inputs)
-        n = len(numbers)
+        topology = self._prepare(positions, cell, edge_index, unit_shifts)
+        n, atoms = len(numbers), topology.shape.atoms
+        species = self.core.species_index[numbers]  # supported: checked on the host
+        padded_species = torch.cat([species, species.new_zeros(atoms - n)])
+        while True:
+            inputs = graph_inputs(
+                pad_positions(positions, atoms),
+                cell,
+                padded_species,
+                topology.candidates,
+                topology.shape.width,
+                atom_mask(n, atoms, self.device),
+                charge,
+                spin,
+            )
+            with torch.enable_grad():  # tracing and the eager graph differentiate
+                if self._graph is None:
+                    self._graph = compile_pet(self.core, inputs, self.compile_mode)
+                energies, forces, virial, status = self._graph(*inputs)
+            needed, symmetric = status.tolist()
+            if not symmetric:
+                raise RuntimeError("PET kept an edge but not its reverse; please report this")
+            if needed <= topology.shape.width:
+                break
+            # an atom gained neighbours since the width was sized: widen and redo
+            shape = topology.shape._replace(width=padded_size(needed, WIDTH_STEP))
+            topology = self._topology = topology._replace(shape=shape)
         result = apply_reference(
             self.reference,
-            layout.species[:n],
+            species,
             energies[:n],
             forces[:n],
             virial if compute_stress else None,

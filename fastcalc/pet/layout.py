@@ -1,5 +1,14 @@
 """Topology of a PET evaluation: which neighbours every atom sees, packed into a padded grid.
 
+Two steps. Once per neighbour search, :func:`prepare_candidates` turns the search's
+pairs (everything within the cutoff, or within cutoff + skin for a Verlet list) into
+:class:`Candidates`: sorted by centre, each with the index of its reversed pair,
+padded to a bucket. Every evaluation, :func:`device_layout` picks from the candidates
+the edges PET keeps on the current geometry (within the cutoff; for adaptive models,
+within the pair's adaptive cutoff) and scatters them into a :class:`PETLayout` of a
+given width, with tensor operations only: no host synchronisation and no
+data-dependent shape, so it runs inside the compiled, CUDA-graphed evaluation.
+
 Everything here is integer/bool and gradient-free; the geometry (vectors, distances,
 cutoff weights) is recomputed from positions inside :class:`fastcalc.pet.core.PETCore`.
 """
@@ -28,8 +37,9 @@ class PETLayout(NamedTuple):
     mask:      (n, K) True for real neighbours
     reverse:   (n, K) flat index (into n * K) of the slot holding the reversed edge j -> i;
                padded slots point to themselves
-    pool_*:    every pair within the maximal cutoff (centre, neighbour, shift); used to
-               recompute adaptive cutoffs differentiably, empty for fixed-cutoff models
+    pool_*:    candidate pairs (centre, neighbour, shift) including every pair within the
+               maximal cutoff; adaptive models recompute their cutoffs from them
+               differentiably (pairs beyond the cutoff contribute exactly nothing)
     radii:     (n,) detached root of the adaptive-cutoff equation on this geometry (see
                :func:`fastcalc.pet.cutoffs.solve_adaptive_cutoffs`); empty for fixed cutoffs
     """
@@ -45,21 +55,31 @@ class PETLayout(NamedTuple):
     radii: torch.Tensor
 
 
-class EdgeSelection(NamedTuple):
-    """Which edges of a full neighbour list a PET layout keeps, from tensors alone.
+class Candidates(NamedTuple):
+    """Pairs a layout is picked from; fixed between neighbour searches.
 
-    keep:    (E,) bool, the edges inside the pair cutoff (all of them for fixed cutoffs)
-    counts:  (n,) kept edges per centre
-    reverse: (E,) index of the reversed edge (j, i, -S) of every edge
-    radii:   (n,) adaptive-cutoff roots, or empty
-    valid:   () bool, False if the list is not symmetric or too large for int64 keys
+    centers, neighbors, shifts: (P,), (P,), (P, 3) int64 pairs (i, j, S), the real ones
+             first and sorted by centre, then padding: self-pairs of atom 0 beyond the cutoff
+    reverse: (P,) index of the pair (j, i, -S); padding points to itself
+    """
+
+    centers: torch.Tensor
+    neighbors: torch.Tensor
+    shifts: torch.Tensor
+    reverse: torch.Tensor
+
+
+class Selection(NamedTuple):
+    """Which candidates PET keeps on the current geometry.
+
+    keep:   (P,) bool
+    counts: (n,) kept pairs per centre
+    radii:  (n,) adaptive-cutoff roots, or empty for fixed cutoffs
     """
 
     keep: torch.Tensor
     counts: torch.Tensor
-    reverse: torch.Tensor
     radii: torch.Tensor
-    valid: torch.Tensor
 
 
 ShapeRule = Callable[[int, int, int], PaddedShape]
@@ -81,55 +101,140 @@ def pair_distances(vectors: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(vectors, dim=-1) + 1e-15
 
 
-def _reverse_edges(
-    centers: torch.Tensor, neighbors: torch.Tensor, shifts: torch.Tensor, num_atoms: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every edge (i, j, S), the index of the edge (j, i, -S), and whether all exist.
+@torch.no_grad()
+def prepare_candidates(
+    edge_index: torch.Tensor, unit_shifts: torch.Tensor, num_atoms: int
+) -> Candidates:
+    """A full neighbour list as :class:`Candidates` (unpadded); one host synchronisation.
 
-    Edges are keyed by one int64 built from (i, j, S); no host synchronisation.
+    Raises ``ValueError`` if some pair's reverse is missing (the list is not symmetric)
+    or the list is too large to key its pairs with int64.
     """
-    reach = shifts.abs().max()
+    edge_index = edge_index.long()
+    shifts = unit_shifts.long()
+    order = torch.argsort(edge_index[0], stable=True)
+    centers, neighbors, shifts = edge_index[0, order], edge_index[1, order], shifts[order]
+    if centers.shape[0] == 0:
+        return Candidates(centers, neighbors, shifts, centers.clone())
+    reach = int(shifts.abs().max())
     base = 2 * reach + 1
-    fits = float(num_atoms) ** 2 * base.double() ** 3 < 2.0**62
+    if num_atoms**2 * base**3 >= 2**62:
+        raise ValueError("neighbour list too large to index its edges")
 
     def key(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         s = s + reach
         return (((a * num_atoms + b) * base + s[:, 0]) * base + s[:, 1]) * base + s[:, 2]
 
-    forward_keys, order = torch.sort(key(centers, neighbors, shifts))
+    forward_keys, by_key = torch.sort(key(centers, neighbors, shifts))
     backward_keys = key(neighbors, centers, -shifts)
     where = torch.searchsorted(forward_keys, backward_keys).clamp_max(centers.shape[0] - 1)
-    found = (forward_keys[where] == backward_keys).all()
-    return order[where], found & fits
+    if not bool((forward_keys[where] == backward_keys).all()):
+        raise ValueError("neighbour list is not symmetric (some edge j -> i is missing)")
+    return Candidates(centers, neighbors, shifts, by_key[where])
 
 
-def select_edges(
-    positions: torch.Tensor,
-    cell: torch.Tensor,
-    centers: torch.Tensor,
-    neighbors: torch.Tensor,
-    shifts: torch.Tensor,
-    hypers: PETHypers,
-) -> EdgeSelection:
-    """The :class:`EdgeSelection` of a non-empty full neighbour list within ``hypers.cutoff``.
+def pad_candidates(
+    candidates: Candidates, cell: torch.Tensor, cutoff: float, size: int
+) -> Candidates:
+    """``candidates`` padded to ``size`` pairs with self-pairs of atom 0 beyond ``cutoff``.
 
-    For adaptive models, the per-atom cutoffs are solved on the (detached) geometry and
-    an edge is kept if its distance is at most (r_i + r_j) / 2. Free of host
-    synchronisation and data-dependent shapes, so it can be compiled.
+    ``cell`` must have no zero vector (see :func:`fastcalc.buckets.padding_cell`).
     """
+    real = candidates.centers.shape[0]
+    if size < real:
+        raise ValueError(f"cannot pad {real} candidate pairs to {size}")
+    edge_index = torch.stack([candidates.centers, candidates.neighbors])
+    padded = pad_edges(edge_index, candidates.shifts, cell, cutoff, size)
+    reverse = torch.cat(
+        [candidates.reverse, torch.arange(real, size, device=candidates.reverse.device)]
+    )
+    return Candidates(*padded.edge_index, padded.unit_shifts, reverse)
+
+
+@torch.no_grad()
+def select_edges(
+    positions: torch.Tensor, cell: torch.Tensor, candidates: Candidates, hypers: PETHypers
+) -> Selection:
+    """The :class:`Selection` of ``candidates`` on the (detached) geometry.
+
+    Kept: pairs shorter than ``hypers.cutoff`` and, for adaptive models, no longer than
+    (r_i + r_j) / 2, with the per-atom cutoffs solved on this geometry. Symmetric:
+    a pair and its reverse have bitwise equal distances and pair cutoffs.
+    """
+    positions, cell = positions.detach(), cell.detach()
     n = positions.shape[0]
-    reverse, valid = _reverse_edges(centers, neighbors, shifts, n)
+    centers, neighbors = candidates.centers, candidates.neighbors
+    distances = pair_distances(pair_vectors(positions, cell, centers, neighbors, candidates.shifts))
+    keep = distances < hypers.cutoff
     radii = positions.new_zeros(0)
-    keep = torch.ones_like(centers, dtype=torch.bool)
     if hypers.num_neighbors_adaptive is not None:
-        distances = pair_distances(pair_vectors(positions, cell, centers, neighbors, shifts))
         args = (hypers.num_neighbors_adaptive, hypers.cutoff, hypers.cutoff_width_adaptive)
         radii = solve_adaptive_cutoffs(centers, distances, n, *args)
         cutoffs = implicit_step(radii, centers, distances, *args)
-        keep = distances <= 0.5 * (cutoffs[centers] + cutoffs[neighbors])
+        keep = keep & (distances <= 0.5 * (cutoffs[centers] + cutoffs[neighbors]))
     counts = torch.zeros(n, dtype=torch.long, device=positions.device)
     counts = counts.scatter_add(0, centers, keep.long())
-    return EdgeSelection(keep, counts, reverse, radii, valid)
+    return Selection(keep, counts, radii)
+
+
+@torch.no_grad()
+def device_layout(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    species: torch.Tensor,
+    candidates: Candidates,
+    slots: torch.Tensor,
+    hypers: PETHypers,
+) -> tuple[PETLayout, torch.Tensor]:
+    """The layout of width K = len(slots) (``slots`` is ``arange(K)``), and its status.
+
+    ``status`` is the int64 pair (largest kept count per atom, 1 if every kept pair's
+    reverse is kept else 0). The layout is complete only if that count is at most K;
+    with fewer slots it is truncated and must be rebuilt wider. Tensor operations
+    only, for any sizes: it can be traced and compiled.
+    """
+    n, width = positions.shape[0], slots.shape[0]
+    centers, neighbors, shifts, reverse = candidates
+    selection = select_edges(positions, cell, candidates, hypers)
+    keep, counts = selection.keep, selection.counts
+    kept_before = torch.cumsum(keep.long(), 0) - keep.long()
+    centre_start = torch.cumsum(counts, 0) - counts
+    slot = kept_before - centre_start[centers]  # rank among its centre's kept pairs
+    placed = keep & (slot < width)
+    dump = n * width  # one spare entry receives every pair that is not placed
+    flat = torch.where(placed, centers * width + slot, dump)
+    spare = torch.arange(dump + 1, device=positions.device)
+    own = torch.arange(n, device=positions.device)[:, None].expand(n, width).reshape(-1)
+
+    def scatter(base: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        index = flat.view(-1, *([1] * (values.ndim - 1))).expand_as(values)
+        return base.scatter(0, index, values)[:dump]
+
+    grid_neighbors = scatter(torch.cat([own, own.new_zeros(1)]), neighbors).view(n, width)
+    grid_shifts = scatter(shifts.new_zeros(dump + 1, 3), shifts).view(n, width, 3)
+    grid_reverse = scatter(spare, neighbors * width + slot[reverse]).view(n, width)
+    mask = slots[None, :] < counts[:, None]
+    symmetric = (~keep | keep[reverse]).all()
+    status = torch.stack([counts.max(), symmetric.long()])
+    layout = PETLayout(
+        species, grid_neighbors, grid_shifts, mask, grid_reverse,
+        centers, neighbors, shifts, selection.radii,
+    )
+    return layout, status
+
+
+def species_of(numbers: torch.Tensor, species_index: torch.Tensor) -> torch.Tensor:
+    """Model type index of every atomic number; ``ValueError`` naming unsupported ones."""
+    numbers = numbers.long()
+    index = species_index.to(numbers.device)
+    known = (numbers >= 0) & (numbers < index.shape[0])
+    species = index[numbers.clamp(0, index.shape[0] - 1)]
+    bad = ~known | (species < 0)
+    if bool(bad.any()):
+        raise ValueError(
+            f"atomic numbers {sorted(set(numbers[bad].tolist()))} are not supported by this PET model"
+        )
+    return species
 
 
 def exact_shape(atoms: int, width: int, pool: int) -> PaddedShape:
@@ -148,103 +253,35 @@ def build_layout(
     species_index: torch.Tensor,
     *,
     shape: ShapeRule = exact_shape,
-    select: Callable[..., EdgeSelection] = select_edges,
 ) -> PETLayout:
-    """Pack a full neighbour list (within ``hypers.cutoff``) into a :class:`PETLayout`.
+    """The :class:`PETLayout` of a full neighbour list (pairs within ``hypers.cutoff`` or more).
 
     ``shape(atoms, width, pool)`` gives the padded sizes (see
-    :func:`fastcalc.pet.padding.padded_shape`); by default none are added.
-    ``cell`` must have no zero vector when pool pairs get padded (see
-    :func:`fastcalc.buckets.padding_cell`). ``select`` is :func:`select_edges` or a
-    compiled version of it. One host synchronisation reads the layout's sizes.
-    ``species_index`` maps atomic numbers to model type indices (-1: unsupported).
+    :func:`fastcalc.pet.padding.padded_shape`); by default none are added. ``cell`` must
+    have no zero vector when pool pairs get padded (see
+    :func:`fastcalc.buckets.padding_cell`). ``species_index`` maps atomic numbers to
+    model type indices (-1: unsupported). Synchronises with the device a few times: for
+    repeated evaluations use :func:`device_layout`.
     """
     n = numbers.shape[0]
     device = positions.device
-    numbers = numbers.to(device=device, dtype=torch.long)
-    index = species_index.to(device)
-    known = (numbers >= 0) & (numbers < index.shape[0])
-    species = index[numbers.clamp(0, index.shape[0] - 1)]
-    supported = (known & (species >= 0)).all()
-    edge_index = edge_index.to(device=device, dtype=torch.long)
-    shifts = unit_shifts.to(device=device, dtype=torch.long)
-    centers, neighbors = edge_index
-    if centers.shape[0] > 0:
-        selection = select(positions, cell, centers, neighbors, shifts, hypers)
-    else:
-        selection = _no_edges(positions, hypers)
-    sizes = torch.stack(
-        [selection.keep.sum(), selection.counts.max(), selection.valid.long(), supported.long()]
-    )
-    kept, width, valid, supported = sizes.tolist()
-    if not supported:
-        bad = sorted(set(numbers[~known | (species < 0)].tolist()))
-        raise ValueError(f"atomic numbers {bad} are not supported by this PET model")
-    if not valid:
-        raise ValueError("neighbour list is not symmetric (some edge j -> i is missing) "
-                         "or too large to index its edges")
-    adaptive = hypers.num_neighbors_adaptive is not None
-    pairs = centers.shape[0] if adaptive else 0
+    species = species_of(numbers.to(device), species_index)
+    candidates = prepare_candidates(edge_index.to(device), unit_shifts.to(device), n)
+    width = int(select_edges(positions, cell, candidates, hypers).counts.max()) if n else 0
+    pairs = candidates.centers.shape[0]
     padded = shape(n, width, pairs)
     if padded.atoms < n or padded.width < width or padded.pool < pairs:
         raise ValueError(f"cannot pad a layout of {n} atoms x {width} slots to {tuple(padded)}")
-    grid = _grid(centers, neighbors, shifts, selection, kept, padded)
-    padded_species = species.new_zeros(padded.atoms)
-    padded_species[:n] = species
-    pool = centers.new_zeros(0), centers.new_zeros(0), shifts.new_zeros(0, 3)
-    radii = selection.radii
-    if adaptive:
-        pool = centers, neighbors, shifts
-        if padded.pool > pairs:
-            edges = pad_edges(edge_index, shifts, cell, hypers.cutoff, padded.pool)
-            pool = edges.edge_index[0], edges.edge_index[1], edges.unit_shifts
-        radii = torch.cat([radii, radii.new_full((padded.atoms - n,), hypers.cutoff)])
-    return PETLayout(padded_species, *grid, *pool, radii)
-
-
-def _no_edges(positions: torch.Tensor, hypers: PETHypers) -> EdgeSelection:
-    """The selection of an empty neighbour list (isolated atoms)."""
-    n = positions.shape[0]
-    empty = torch.zeros(0, dtype=torch.long, device=positions.device)
-    radii = positions.new_zeros(0)
-    if hypers.num_neighbors_adaptive is not None:
-        radii = solve_adaptive_cutoffs(
-            empty, positions.new_zeros(0), n, hypers.num_neighbors_adaptive, hypers.cutoff,
-            hypers.cutoff_width_adaptive,
-        )
-    counts = torch.zeros(n, dtype=torch.long, device=positions.device)
-    valid = torch.ones((), dtype=torch.bool, device=positions.device)
-    return EdgeSelection(empty.bool(), counts, empty, radii, valid)
-
-
-def _grid(
-    centers: torch.Tensor,
-    neighbors: torch.Tensor,
-    shifts: torch.Tensor,
-    selection: EdgeSelection,
-    kept: int,
-    shape: PaddedShape,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(neighbors, shifts, mask, reverse) grids of ``shape`` holding the kept edges."""
-    atoms, width, device = shape.atoms, shape.width, centers.device
-    # kept edges first, grouped by centre in their original order
-    order = torch.argsort(torch.where(selection.keep, centers, atoms), stable=True)[:kept]
-    center, neighbor = centers[order], neighbors[order]
-    first_slot = torch.cumsum(selection.counts, 0) - selection.counts
-    slot = torch.arange(kept, device=device) - first_slot[center]
-    rank = torch.zeros_like(centers)
-    rank[order] = torch.arange(kept, device=device)
-    reverse_rank = rank[selection.reverse[order]]
-
-    grid_neighbors = torch.arange(atoms, device=device)[:, None].repeat(1, width)
-    grid_neighbors[center, slot] = neighbor
-    grid_shifts = shifts.new_zeros(atoms, width, 3)
-    grid_shifts[center, slot] = shifts[order]
-    mask = torch.zeros(atoms, width, dtype=torch.bool, device=device)
-    mask[center, slot] = True
-    reverse = torch.arange(atoms * width, device=device).view(atoms, width)
-    reverse[center, slot] = neighbor * width + slot[reverse_rank]
-    return grid_neighbors, grid_shifts, mask, reverse
+    extra = padded.atoms - n
+    positions = torch.cat([positions, positions.new_zeros(extra, 3)])
+    species = torch.cat([species, species.new_zeros(extra)])
+    if padded.pool > pairs:
+        candidates = pad_candidates(candidates, cell, hypers.cutoff, padded.pool)
+    slots = torch.arange(padded.width, device=device)
+    layout, status = device_layout(positions, cell, species, candidates, slots, hypers)
+    if not bool(status[1]):
+        raise ValueError("the kept edges are not symmetric")
+    return layout
 
 
 def structure_layout(

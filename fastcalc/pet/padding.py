@@ -1,16 +1,16 @@
 """Bucketed sizes of a PET layout, so compiled code and CUDA graphs see few shapes.
 
-Three sizes are bucketed: atoms, neighbour slots per atom (the layout width) and, for
-adaptive-cutoff models, the pair pool. Each is rounded up to a multiple of a granule
+Three sizes are bucketed: atoms, neighbour slots per atom (the layout width) and the
+candidate pairs of the neighbour search (:class:`fastcalc.pet.layout.Candidates`). Each is rounded up to a multiple of a granule
 that grows with the size (at most 1/8 of it), so padding costs at most ~12% extra
-work and every doubling of a size has 8 buckets. What padding adds
-(:func:`fastcalc.pet.layout.build_layout` adds it) contributes exactly nothing:
+work and every doubling of a size has 8 buckets. What padding adds contributes exactly
+nothing:
 
 - padded atoms have no neighbours (all slots masked, pointing to themselves), no atom
   has them as a neighbour, and the energy sum leaves them out (``atom_mask``);
 - padded slots are masked, as in any layout;
-- padded pool pairs are self-pairs of atom 0 longer than the cutoff, where PET's
-  adaptive-cutoff count and its derivatives vanish exactly.
+- padded candidate pairs are self-pairs of atom 0 longer than the cutoff: never kept,
+  and where PET's adaptive-cutoff count and its derivatives vanish exactly.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ POOL_STEP = 64
 
 
 class PaddedShape(NamedTuple):
-    """Padded sizes: atoms, neighbour slots per atom, adaptive-cutoff pool pairs."""
+    """Padded sizes: atoms, neighbour slots per atom, candidate pairs."""
 
     atoms: int
     width: int
@@ -43,10 +43,10 @@ def padded_size(count: int, step: int) -> int:
 
 
 def padded_shape(atoms: int, width: int, pool: int) -> PaddedShape:
-    """The bucket of a layout with ``atoms`` atoms, ``width`` slots and ``pool`` pool pairs
-    (zero for fixed-cutoff models, which have no pool)."""
-    padded_pool = padded_size(pool, POOL_STEP) if pool > 0 else 0
-    return PaddedShape(padded_size(atoms, ATOM_STEP), padded_size(width, WIDTH_STEP), padded_pool)
+    """The bucket of a layout with ``atoms`` atoms, ``width`` slots and ``pool`` candidate pairs."""
+    return PaddedShape(
+        padded_size(atoms, ATOM_STEP), padded_size(width, WIDTH_STEP), padded_size(pool, POOL_STEP)
+    )
 
 
 def pad_positions(positions: torch.Tensor, atoms: int) -> torch.Tensor:

@@ -110,15 +110,43 @@ def test_bundled_model_by_name():
 
 
 def test_heavy_padding_contributes_nothing(eager, reference, monkeypatch):
-    """Far more padded atoms, slots and pool pairs than any bucket adds: same numbers."""
+    """Far more padded atoms, slots and candidate pairs than any bucket adds: same numbers."""
 
     def generous(atoms, width, pool):
-        return PaddedShape(atoms + 37, width + 9, pool + 500 if pool else 0)
+        return PaddedShape(atoms + 37, width + 9, pool + 500)
 
     monkeypatch.setattr(calculator_module, "padded_shape", generous)
     for structure in ("bulk", "molecule"):
         atoms = evaluated(make_structure(structure), eager("adaptive"))
         assert_matches(atoms, reference("adaptive", structure))
+
+
+def test_a_too_narrow_layout_is_widened(pet_models, reference, monkeypatch):
+    """If an atom has more kept neighbours than the layout has slots, the call is redone wider."""
+
+    def narrow(atoms, width, pool):
+        return PaddedShape(padded_size(atoms, ATOM_STEP), 2, pool + 64)
+
+    monkeypatch.setattr(calculator_module, "padded_shape", narrow)
+    calculator = CompiledPETCalculator(
+        pet_models["adaptive"].pt, device="cpu", dtype="float64", compile=False
+    )
+    assert_matches(evaluated(make_structure("bulk"), calculator), reference("adaptive", "bulk"))
+    assert calculator._topology.shape.width > 2
+
+
+def test_small_moves_reuse_one_search_and_match_upstream(pet_models):
+    """Between neighbour searches the kept edges are re-chosen on every geometry."""
+    calculator = CompiledPETCalculator(
+        pet_models["adaptive"].pt, device="cpu", dtype="float64", compile=False
+    )
+    upstream = upstream_calculator(pet_models["adaptive"])
+    atoms = make_structure("bulk")
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        atoms.positions += rng.uniform(-0.03, 0.03, atoms.positions.shape)
+        assert_matches(evaluated(atoms, calculator), upstream_results(upstream, atoms))
+    assert calculator.neighbors.searches == 1
 
 
 @pytest.mark.parametrize("structure", ["bulk", "molecule"])
@@ -147,7 +175,7 @@ def test_padded_layout_is_consistent(structure, loaded):
     assert torch.equal(padded.shifts.reshape(-1, 3)[back], -padded.shifts[padded.mask])
     pool = padded.pool_shifts[len(layout.pool_shifts) :].double() @ cell
     assert len(padded.pool_centers) == 4096 and (pool.norm(dim=1) > metadata.cutoff).all()
-    assert torch.equal(padded.radii[:n], layout.radii)
+    torch.testing.assert_close(padded.radii[:n], layout.radii, rtol=1e-14, atol=0)
 
 
 def test_bucket_sizes():
