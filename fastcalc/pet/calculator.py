@@ -2,11 +2,14 @@
 
 Once per neighbour search (Verlet skin), outside compiled code: the search's candidate
 pairs are sorted, paired with their reverses and padded to a bucket, and the layout
-width is sized on the current geometry. Every call, inside one traced graph compiled
-once for every size: the choice of kept edges (adaptive cutoffs solved on the current
-geometry), their padded layout, the network, forces and stress; the graph also
-reports whether the layout fitted its width, the only thing the host waits for.
-Afterwards, in float64: the energy scale and the per-element composition energies.
+width is sized on the current geometry. Every call, without gradients and without
+waiting for the device: the kept edges are chosen on the current geometry
+(adaptive cutoffs solved there) and laid out in the padded grid, compiled on its own
+(:func:`fastcalc.pet.layout.device_layout`). Then one traced graph, compiled once for
+every size, computes the network, forces and stress on that layout. Besides the
+neighbour list's staleness check, the host waits for the device once, after both are
+launched, to learn whether the layout fitted its width. Afterwards, in
+float64: the energy scale and the per-element composition energies.
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ from ..calculator import InvalidAtomsError, TorchCalculator
 from ..models import resolve_model_path
 from .core import PETCore
 from .energy import EnergyReference, apply_reference
-from .layout import Candidates, pad_candidates, prepare_candidates, select_edges
+from ..tracing import CompiledGraph
+from .layout import (
+    Candidates,
+    PETLayout,
+    layout_function,
+    pad_candidates,
+    prepare_candidates,
+    select_edges,
+)
 from .load import PETMetadata, load_pet
 from .padding import WIDTH_STEP, PaddedShape, atom_mask, pad_positions, padded_shape, padded_size
 from .trace import compile_pet, energy_graph, graph_inputs
@@ -114,6 +125,10 @@ class CompiledPETCalculator(TorchCalculator):
         self.reference = EnergyReference(reference.scale, reference.composition.to(self.device))
         self.compile_mode = self._mode(compile_mode) if compile else None
         self._graph = None if compile else energy_graph(self.core)
+        layout = layout_function(metadata.hypers)
+        self._layout = (
+            CompiledGraph(layout, dynamic=True, mode=self.compile_mode) if compile else layout
+        )
         self._topology: Topology | None = None
 
     def _mode(self, requested: str | None) -> str:
@@ -171,13 +186,16 @@ class CompiledPETCalculator(TorchCalculator):
         n, atoms = len(numbers), topology.shape.atoms
         species = self.core.species_index[numbers]  # supported: checked on the host
         padded_species = torch.cat([species, species.new_zeros(atoms - n)])
+        padded_positions = pad_positions(positions, atoms)
         while True:
+            slots = torch.arange(topology.shape.width, device=self.device)
+            *layout, status = self._layout(
+                padded_positions, cell, padded_species, *topology.candidates, slots
+            )
             inputs = graph_inputs(
-                pad_positions(positions, atoms),
+                padded_positions,
                 cell,
-                padded_species,
-                topology.candidates,
-                topology.shape.width,
+                PETLayout(*layout),
                 atom_mask(n, atoms, self.device),
                 charge,
                 spin,
@@ -185,8 +203,8 @@ class CompiledPETCalculator(TorchCalculator):
             with torch.enable_grad():  # tracing and the eager graph differentiate
                 if self._graph is None:
                     self._graph = compile_pet(self.core, inputs, self.compile_mode)
-                energies, forces, virial, status = self._graph(*inputs)
-            needed, symmetric = status.tolist()
+                energies, forces, virial = self._graph(*inputs)
+            needed, symmetric = status.tolist()  # waits for the device, after both launches
             if not symmetric:
                 raise RuntimeError("PET kept an edge but not its reverse; please report this")
             if needed <= topology.shape.width:

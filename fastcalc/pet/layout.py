@@ -7,7 +7,8 @@ padded to a bucket. Every evaluation, :func:`device_layout` picks from the candi
 the edges PET keeps on the current geometry (within the cutoff; for adaptive models,
 within the pair's adaptive cutoff) and scatters them into a :class:`PETLayout` of a
 given width, with tensor operations only: no host synchronisation and no
-data-dependent shape, so it runs inside the compiled, CUDA-graphed evaluation.
+data-dependent shape, so it can be compiled (and CUDA-graphed) on its own, ahead of
+the model's graph, and the host need not wait for it.
 
 Everything here is integer/bool and gradient-free; the geometry (vectors, distances,
 cutoff weights) is recomputed from positions inside :class:`fastcalc.pet.core.PETCore`.
@@ -221,6 +222,27 @@ def device_layout(
         centers, neighbors, shifts, selection.radii,
     )
     return layout, status
+
+
+def layout_function(hypers: PETHypers) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """:func:`device_layout` on flat tensors, for compiling:
+    ``(positions, cell, species, *candidates, slots) -> (*layout, status)``."""
+
+    def run(
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        species: torch.Tensor,
+        centers: torch.Tensor,
+        neighbors: torch.Tensor,
+        shifts: torch.Tensor,
+        reverse: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        candidates = Candidates(centers, neighbors, shifts, reverse)
+        layout, status = device_layout(positions, cell, species, candidates, slots, hypers)
+        return (*layout, status)
+
+    return run
 
 
 def species_of(numbers: torch.Tensor, species_index: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,11 @@
-"""PET topology, energy, forces and stress as one traced graph, compiled whole.
+"""PET energy + forces + stress as one traced graph, compiled whole.
 
-:func:`fastcalc.tracing.trace` records the edge selection and layout
-(:func:`fastcalc.pet.layout.device_layout`), the forward pass and the autograd
-backward as a single aten graph with symbolic sizes (atoms, neighbour slots,
-candidate pairs); :class:`fastcalc.tracing.CompiledGraph` compiles it once for all
-structure sizes. The graph takes flat tensors (:func:`graph_inputs`): positions,
-cell, a mask of real atoms, the [charge, spin multiplicity] state, the species, the
-candidate pairs and ``arange(K)`` for K neighbour slots, so that padding, charge and
-spin change inputs, never the graph.
+:func:`fastcalc.tracing.trace` records the forward and the autograd backward as a
+single aten graph with symbolic sizes (atoms, neighbour slots, adaptive-cutoff pairs);
+:class:`fastcalc.tracing.CompiledGraph` compiles it once for all structure sizes.
+The graph takes flat tensors (:func:`graph_inputs`): positions, cell, a mask of real
+atoms, the [charge, spin multiplicity] state and the layout tensors, so that padding,
+charge and spin change inputs, never the graph.
 """
 
 from __future__ import annotations
@@ -19,23 +17,20 @@ import torch
 from ..tracing import CompiledGraph, trace
 from .core import PETCore
 from .energy import energy_and_derivatives
-from .layout import Candidates, device_layout
+from .layout import PETLayout
 
-Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def graph_inputs(
     positions: torch.Tensor,
     cell: torch.Tensor,
-    species: torch.Tensor,
-    candidates: Candidates,
-    width: int,
+    layout: PETLayout,
     atom_mask: torch.Tensor | None = None,
     charge: int = 0,
     spin_multiplicity: int = 1,
 ) -> tuple[torch.Tensor, ...]:
-    """The graph's flat inputs for a layout ``width`` slots wide; ``atom_mask=None``
-    means every atom is real.
+    """The graph's flat inputs; ``atom_mask=None`` means every atom is real.
 
     ``charge`` and ``spin_multiplicity`` are not checked here (the graph cannot):
     use ``PETCore.conditioning.check`` first.
@@ -44,18 +39,14 @@ def graph_inputs(
     if atom_mask is None:
         atom_mask = torch.ones(len(positions), dtype=torch.bool, device=device)
     state = torch.tensor([charge, spin_multiplicity], device=device)
-    slots = torch.arange(width, device=device)
-    return (positions, cell, atom_mask, state, species, *candidates, slots)
+    return (positions, cell, atom_mask, state, *layout)
 
 
 def energy_graph(core: PETCore) -> Callable[..., Outputs]:
-    """The traced function: flat inputs -> (per-atom energies, forces, dE/dstrain / volume,
-    layout status).
+    """The traced function: flat inputs -> (per-atom energies, forces, dE/dstrain / volume).
 
     Model units, as :func:`fastcalc.pet.energy.energy_and_derivatives` with stress;
-    padded atoms (``atom_mask`` False) are left out of the energy. The status is
-    :func:`fastcalc.pet.layout.device_layout`'s: the results hold only if its largest
-    neighbour count fits the width and its symmetry flag is 1.
+    padded atoms (``atom_mask`` False) are left out of the energy.
     """
 
     def run(
@@ -63,19 +54,11 @@ def energy_graph(core: PETCore) -> Callable[..., Outputs]:
         cell: torch.Tensor,
         atom_mask: torch.Tensor,
         state: torch.Tensor,
-        species: torch.Tensor,
-        centers: torch.Tensor,
-        neighbors: torch.Tensor,
-        shifts: torch.Tensor,
-        reverse: torch.Tensor,
-        slots: torch.Tensor,
+        *layout: torch.Tensor,
     ) -> Outputs:
-        candidates = Candidates(centers, neighbors, shifts, reverse)
-        layout, status = device_layout(positions, cell, species, candidates, slots, core.hypers)
-        energies, forces, virial = energy_and_derivatives(
-            core, positions, cell, layout, True, state[0], state[1], atom_mask
+        return energy_and_derivatives(
+            core, positions, cell, PETLayout(*layout), True, state[0], state[1], atom_mask
         )
-        return energies, forces, virial, status
 
     return run
 
