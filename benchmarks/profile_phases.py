@@ -121,7 +121,6 @@ def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
     timer = PhaseTimer()
     timer.patch(calc.neighbors, "candidates", "neighbors")
     timer.patch(calc, "_prepare", "prepare (per search)")
-    timer.patch(calc, "_layout", "layout")
     for name in ("graph_inputs", "apply_reference"):
         timer.patch(module, name)
     evaluate = calc.evaluate

@@ -2,14 +2,13 @@
 
 Once per neighbour search (Verlet skin), outside compiled code: the search's candidate
 pairs are sorted, paired with their reverses and padded to a bucket, and the layout
-width is sized on the current geometry. Every call, without gradients and without
-waiting for the device: the kept edges are chosen on the current geometry
-(adaptive cutoffs solved there) and laid out in the padded grid, compiled on its own
-(:func:`fastcalc.pet.layout.device_layout`). Then one traced graph, compiled once for
-every size, computes the network, forces and stress on that layout. Besides the
-neighbour list's staleness check, the host waits for the device once, after both are
-launched, to learn whether the layout fitted its width. Afterwards, in
-float64: the energy scale and the per-element composition energies.
+width is sized on the current geometry. Every call, one compiled graph (one CUDA graph
+replay) runs the layout stage, which chooses the kept edges on the current geometry
+(adaptive cutoffs solved there) without gradients, and then the model's traced graph:
+network, forces and stress on that layout. Besides the neighbour list's staleness
+check, the host waits for the device once, at the end, to learn whether the layout
+fitted its width. Afterwards, in float64: the energy scale and the per-element
+composition energies.
 """
 
 from __future__ import annotations
@@ -26,18 +25,10 @@ from ..calculator import InvalidAtomsError, TorchCalculator
 from ..models import resolve_model_path
 from .core import PETCore
 from .energy import EnergyReference, apply_reference
-from ..tracing import CompiledGraph
-from .layout import (
-    Candidates,
-    PETLayout,
-    layout_function,
-    pad_candidates,
-    prepare_candidates,
-    select_edges,
-)
+from .layout import Candidates, pad_candidates, prepare_candidates, select_edges
 from .load import PETMetadata, load_pet
 from .padding import WIDTH_STEP, PaddedShape, atom_mask, pad_positions, padded_shape, padded_size
-from .trace import compile_pet, energy_graph, graph_inputs
+from .trace import compile_pet, graph_inputs, step_graph
 
 __all__ = ["COMPILE_MODES", "CompiledPETCalculator", "charge_and_spin"]
 
@@ -124,11 +115,7 @@ class CompiledPETCalculator(TorchCalculator):
         reference = metadata.reference()
         self.reference = EnergyReference(reference.scale, reference.composition.to(self.device))
         self.compile_mode = self._mode(compile_mode) if compile else None
-        self._graph = None if compile else energy_graph(self.core)
-        layout = layout_function(metadata.hypers)
-        self._layout = (
-            CompiledGraph(layout, dynamic=True, mode=self.compile_mode) if compile else layout
-        )
+        self._graph = None if compile else step_graph(self.core)
         self._topology: Topology | None = None
 
     def _mode(self, requested: str | None) -> str:
@@ -186,16 +173,13 @@ class CompiledPETCalculator(TorchCalculator):
         n, atoms = len(numbers), topology.shape.atoms
         species = self.core.species_index[numbers]  # supported: checked on the host
         padded_species = torch.cat([species, species.new_zeros(atoms - n)])
-        padded_positions = pad_positions(positions, atoms)
         while True:
-            slots = torch.arange(topology.shape.width, device=self.device)
-            *layout, status = self._layout(
-                padded_positions, cell, padded_species, *topology.candidates, slots
-            )
             inputs = graph_inputs(
-                padded_positions,
+                pad_positions(positions, atoms),
                 cell,
-                PETLayout(*layout),
+                padded_species,
+                topology.candidates,
+                topology.shape.width,
                 atom_mask(n, atoms, self.device),
                 charge,
                 spin,
@@ -203,8 +187,8 @@ class CompiledPETCalculator(TorchCalculator):
             with torch.enable_grad():  # tracing and the eager graph differentiate
                 if self._graph is None:
                     self._graph = compile_pet(self.core, inputs, self.compile_mode)
-                energies, forces, virial = self._graph(*inputs)
-            needed, symmetric = status.tolist()  # waits for the device, after both launches
+                energies, forces, virial, status = self._graph(*inputs)
+            needed, symmetric = status.tolist()  # waits for the device
             if not symmetric:
                 raise RuntimeError("PET kept an edge but not its reverse; please report this")
             if needed <= topology.shape.width:

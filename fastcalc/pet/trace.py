@@ -1,11 +1,15 @@
-"""PET energy + forces + stress as one traced graph, compiled whole.
+"""PET energy, forces and stress as one traced graph, compiled whole with its layout stage.
 
-:func:`fastcalc.tracing.trace` records the forward and the autograd backward as a
-single aten graph with symbolic sizes (atoms, neighbour slots, adaptive-cutoff pairs);
-:class:`fastcalc.tracing.CompiledGraph` compiles it once for all structure sizes.
-The graph takes flat tensors (:func:`graph_inputs`): positions, cell, a mask of real
-atoms, the [charge, spin multiplicity] state and the layout tensors, so that padding,
-charge and spin change inputs, never the graph.
+:func:`energy_graph` is the model's graph: positions, cell and a given layout ->
+per-atom energies, forces and stress, with the forward and the autograd backward
+recorded by :func:`fastcalc.tracing.trace` as one aten graph with symbolic sizes.
+:func:`step_graph` puts the layout stage in front of it
+(:func:`fastcalc.pet.layout.layout_function`: no gradients, integer and boolean
+outputs), so that one compiled graph, and under CUDA graphs one replay, runs a whole
+evaluation; the layout still enters the model's part only as integers and masks. Its
+flat inputs (:func:`graph_inputs`) are positions, cell, a mask of real atoms, the
+[charge, spin multiplicity] state, the species, the candidate pairs and ``arange(K)``
+for K neighbour slots, so that padding, charge and spin change inputs, never the graph.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import torch
 from ..tracing import CompiledGraph, trace
 from .core import PETCore
 from .energy import energy_and_derivatives
-from .layout import PETLayout
+from .layout import Candidates, PETLayout, layout_function
 
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -25,12 +29,15 @@ Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def graph_inputs(
     positions: torch.Tensor,
     cell: torch.Tensor,
-    layout: PETLayout,
+    species: torch.Tensor,
+    candidates: Candidates,
+    width: int,
     atom_mask: torch.Tensor | None = None,
     charge: int = 0,
     spin_multiplicity: int = 1,
 ) -> tuple[torch.Tensor, ...]:
-    """The graph's flat inputs; ``atom_mask=None`` means every atom is real.
+    """:func:`step_graph`'s flat inputs for a layout ``width`` slots wide;
+    ``atom_mask=None`` means every atom is real.
 
     ``charge`` and ``spin_multiplicity`` are not checked here (the graph cannot):
     use ``PETCore.conditioning.check`` first.
@@ -39,11 +46,13 @@ def graph_inputs(
     if atom_mask is None:
         atom_mask = torch.ones(len(positions), dtype=torch.bool, device=device)
     state = torch.tensor([charge, spin_multiplicity], device=device)
-    return (positions, cell, atom_mask, state, *layout)
+    slots = torch.arange(width, device=device)
+    return (positions, cell, atom_mask, state, species, *candidates, slots)
 
 
 def energy_graph(core: PETCore) -> Callable[..., Outputs]:
-    """The traced function: flat inputs -> (per-atom energies, forces, dE/dstrain / volume).
+    """The model's function: (positions, cell, atom_mask, state, *layout) -> (per-atom
+    energies, forces, dE/dstrain / volume).
 
     Model units, as :func:`fastcalc.pet.energy.energy_and_derivatives` with stress;
     padded atoms (``atom_mask`` False) are left out of the energy.
@@ -63,8 +72,32 @@ def energy_graph(core: PETCore) -> Callable[..., Outputs]:
     return run
 
 
+def step_graph(core: PETCore) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """The layout stage then :func:`energy_graph`: :func:`graph_inputs` -> (per-atom
+    energies, forces, dE/dstrain / volume, layout status).
+
+    The results hold only if the status's largest neighbour count fits the width and
+    its symmetry flag is 1 (see :func:`fastcalc.pet.layout.device_layout`).
+    """
+    layout_stage = layout_function(core.hypers)
+    energy = energy_graph(core)
+
+    def run(
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        atom_mask: torch.Tensor,
+        state: torch.Tensor,
+        species: torch.Tensor,
+        *candidates_and_slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        *layout, status = layout_stage(positions, cell, species, *candidates_and_slots)
+        return (*energy(positions, cell, atom_mask, state, *layout), status)
+
+    return run
+
+
 def trace_pet(core: PETCore, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
-    """:func:`energy_graph` traced on example ``inputs`` (see :func:`graph_inputs`).
+    """:func:`step_graph` traced on example ``inputs`` (see :func:`graph_inputs`).
 
     The example only fixes dtypes and which sizes are symbolic. The weights become
     graph attributes sharing the core's storage; they must not require gradients,
@@ -74,7 +107,7 @@ def trace_pet(core: PETCore, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphMo
         raise ValueError(
             "trace a PETCore whose weights do not require grad (requires_grad_(False))"
         )
-    return trace(energy_graph(core), inputs)
+    return trace(step_graph(core), inputs)
 
 
 def compile_pet(

@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from fastcalc.pet.layout import structure_layout
+from fastcalc.neighbors import neighbor_list
+from fastcalc.pet.layout import prepare_candidates, species_of
 from fastcalc.pet.trace import graph_inputs, trace_pet
 
 from .support import make_structure
@@ -19,10 +20,9 @@ def test_tracing_refuses_trainable_weights(loaded):
     atoms = make_structure("tiny")
     positions = torch.tensor(atoms.positions, dtype=metadata.dtype)
     cell = torch.tensor(atoms.cell.array, dtype=metadata.dtype)
-    numbers = torch.tensor(atoms.numbers)
-    layout = structure_layout(
-        positions, cell, atoms.pbc, numbers, metadata.hypers, core.species_index
-    )
+    species = species_of(torch.tensor(atoms.numbers), core.species_index)
+    edges = neighbor_list(positions, cell, torch.tensor(atoms.pbc), metadata.cutoff)
+    candidates = prepare_candidates(*edges, len(atoms))
     trainable = copy.deepcopy(core).requires_grad_(True)
     with pytest.raises(ValueError, match="requires_grad"):
-        trace_pet(trainable, graph_inputs(positions, cell, layout))
+        trace_pet(trainable, graph_inputs(positions, cell, species, candidates, 20))
