@@ -31,7 +31,7 @@ from .support import (
 )
 
 RTOL = 1e-9
-CALCULATOR_STRUCTURES = ("bulk", "slab", "molecule", "tiny")
+CALCULATOR_STRUCTURES = ("bulk", "slab", "molecule", "tiny", "isolated", "single")
 
 
 def relative_error(ours, theirs) -> float:
