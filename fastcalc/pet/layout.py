@@ -7,8 +7,8 @@ padded to a bucket. Every evaluation, :func:`device_layout` picks from the candi
 the edges PET keeps on the current geometry (within the cutoff; for adaptive models,
 within the pair's adaptive cutoff) and scatters them into a :class:`PETLayout` of a
 given width, with tensor operations only: no host synchronisation and no
-data-dependent shape, so it can be compiled (and CUDA-graphed) on its own, ahead of
-the model's graph, and the host need not wait for it.
+data-dependent shape, so it is compiled (and CUDA-graphed) together with the model's
+graph, ahead of it (:func:`fastcalc.pet.trace.step_graph`).
 
 Everything here is integer/bool and gradient-free; the geometry (vectors, distances,
 cutoff weights) is recomputed from positions inside :class:`fastcalc.pet.core.PETCore`.
@@ -106,7 +106,7 @@ def pair_distances(vectors: torch.Tensor) -> torch.Tensor:
 def prepare_candidates(
     edge_index: torch.Tensor, unit_shifts: torch.Tensor, num_atoms: int
 ) -> Candidates:
-    """A full neighbour list as :class:`Candidates` (unpadded); one host synchronisation.
+    """A full neighbour list as :class:`Candidates` (unpadded); two host synchronisations.
 
     Raises ``ValueError`` if some pair's reverse is missing (the list is not symmetric)
     or the list is too large to key its pairs with int64.
