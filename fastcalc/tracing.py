@@ -20,7 +20,7 @@ import torch.fx
 import torch.fx.experimental._config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
 
-__all__ = ["CompiledGraph", "trace"]
+__all__ = ["CompiledGraph", "mark_static_weights", "trace"]
 
 _PROFILER_OPS = ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
 
@@ -50,6 +50,19 @@ def _strip_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
         graph.erase_node(node)
     graph.lint()
     graph_module.recompile()
+
+
+def mark_static_weights(graph_module: torch.fx.GraphModule) -> None:
+    """Mark every tensor the graph reads as an attribute (a model's weights, buffers and
+    constants) as a static address, so CUDA graph replays read it in place instead of
+    copying it every call; in-place updates of those tensors still reach the graph."""
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr":
+            value = graph_module
+            for name in node.target.split("."):
+                value = getattr(value, name)
+            if isinstance(value, torch.Tensor):
+                torch._dynamo.mark_static_address(value)
 
 
 class CompiledGraph:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..tracing import CompiledGraph, trace
+from ..tracing import CompiledGraph, mark_static_weights, trace
 from .core import PETCore
 from .energy import energy_and_derivatives
 from .layout import Candidates, PETLayout, layout_function
@@ -120,6 +120,5 @@ def compile_pet(
     """
     graph_module = trace_pet(core, inputs)
     if mode == "reduce-overhead":
-        for tensor in [*graph_module.parameters(), *graph_module.buffers()]:
-            torch._dynamo.mark_static_address(tensor)
+        mark_static_weights(graph_module)
     return CompiledGraph(graph_module, dynamic=True, mode=mode)

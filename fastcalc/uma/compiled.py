@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.fx
 
-from ..tracing import CompiledGraph, trace
+from ..tracing import CompiledGraph, mark_static_weights, trace
 
 Shape = tuple[int, int]
 
@@ -69,19 +69,6 @@ class ShapeCompiledGraphs:
         # a new GraphModule has new code, hence its own compile cache; attributes are shared
         graph_module = torch.fx.GraphModule(self._traced, self._traced.graph)
         if self.mode == "reduce-overhead":
-            for tensor in _graph_tensors(graph_module):
-                torch._dynamo.mark_static_address(tensor)
+            mark_static_weights(graph_module)
         return CompiledGraph(graph_module, dynamic=False, mode=self.mode)
 
-
-def _graph_tensors(graph_module: torch.fx.GraphModule) -> list[torch.Tensor]:
-    """The tensors a graph reads as attributes (the model's weights and buffers)."""
-    tensors = []
-    for node in graph_module.graph.nodes:
-        if node.op == "get_attr":
-            value = graph_module
-            for name in node.target.split("."):
-                value = getattr(value, name)
-            if isinstance(value, torch.Tensor):
-                tensors.append(value)
-    return tensors
