@@ -63,11 +63,20 @@ def _load(model: str | Path | tuple[PETCore, PETMetadata]) -> tuple[PETCore, PET
 
 
 class Topology(NamedTuple):
-    """What one neighbour search fixes: padded candidates and the padded shape."""
+    """What one neighbour search fixes: padded candidates, the padded shape, and the
+    graph inputs that follow from the shape (``arange(width)``, the real-atom mask)."""
 
     search: int  # the neighbour list's search counter when these were prepared
     candidates: Candidates
     shape: PaddedShape
+    slots: torch.Tensor
+    atom_mask: torch.Tensor
+
+    @classmethod
+    def of(cls, search: int, candidates: Candidates, shape: PaddedShape, num_atoms: int):
+        device = candidates.centers.device
+        slots = torch.arange(shape.width, device=device)
+        return cls(search, candidates, shape, slots, atom_mask(num_atoms, shape.atoms, device))
 
 
 class CompiledPETCalculator(TorchCalculator):
@@ -117,6 +126,7 @@ class CompiledPETCalculator(TorchCalculator):
         self.compile_mode = self._mode(compile_mode) if compile else None
         self._graph = None if compile else step_graph(self.core)
         self._topology: Topology | None = None
+        self._states: dict[tuple[int, int], torch.Tensor] = {}
 
     def _mode(self, requested: str | None) -> str:
         """The torch.compile mode; warns once per process that compiling on CPU is slow."""
@@ -152,6 +162,13 @@ class CompiledPETCalculator(TorchCalculator):
             raise InvalidAtomsError(str(error)) from error
         return charge, spin
 
+    def _state_tensor(self, charge: int, spin: int) -> torch.Tensor:
+        """The graph's [charge, spin multiplicity] input, copied to the device once per state."""
+        key = (charge, spin)
+        if key not in self._states:
+            self._states[key] = torch.tensor(key, device=self.device)
+        return self._states[key]
+
     def _prepare(
         self, positions: torch.Tensor, cell: torch.Tensor, edge_index: torch.Tensor,
         unit_shifts: torch.Tensor,
@@ -164,7 +181,7 @@ class CompiledPETCalculator(TorchCalculator):
         counts = select_edges(positions, cell, candidates, self.metadata.hypers).counts
         shape = padded_shape(len(positions), int(counts.max()), len(candidates.centers))
         candidates = pad_candidates(candidates, cell, self.metadata.hypers.cutoff, shape.pool)
-        self._topology = Topology(search, candidates, shape)
+        self._topology = Topology.of(search, candidates, shape, len(positions))
         return self._topology
 
     def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
@@ -173,16 +190,17 @@ class CompiledPETCalculator(TorchCalculator):
         n, atoms = len(numbers), topology.shape.atoms
         species = self.core.species_index[numbers]  # supported: checked on the host
         padded_species = torch.cat([species, species.new_zeros(atoms - n)])
+        padded_positions = pad_positions(positions, atoms)
+        state = self._state_tensor(charge, spin)
         while True:
             inputs = graph_inputs(
-                pad_positions(positions, atoms),
+                padded_positions,
                 cell,
                 padded_species,
                 topology.candidates,
-                topology.shape.width,
-                atom_mask(n, atoms, self.device),
-                charge,
-                spin,
+                topology.slots,
+                topology.atom_mask,
+                state,
             )
             with torch.enable_grad():  # tracing and the eager graph differentiate
                 if self._graph is None:
@@ -195,7 +213,8 @@ class CompiledPETCalculator(TorchCalculator):
                 break
             # an atom gained neighbours since the width was sized: widen and redo
             shape = topology.shape._replace(width=padded_size(needed, WIDTH_STEP))
-            topology = self._topology = topology._replace(shape=shape)
+            topology = Topology.of(topology.search, topology.candidates, shape, n)
+            self._topology = topology
         result = apply_reference(
             self.reference,
             species,

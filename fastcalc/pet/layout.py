@@ -253,9 +253,8 @@ def species_of(numbers: torch.Tensor, species_index: torch.Tensor) -> torch.Tens
     species = index[numbers.clamp(0, index.shape[0] - 1)]
     bad = ~known | (species < 0)
     if bool(bad.any()):
-        raise ValueError(
-            f"atomic numbers {sorted(set(numbers[bad].tolist()))} are not supported by this PET model"
-        )
+        unsupported = sorted(set(numbers[bad].tolist()))
+        raise ValueError(f"atomic numbers {unsupported} are not supported by this PET model")
     return species
 
 

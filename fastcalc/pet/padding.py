@@ -1,9 +1,9 @@
 """Bucketed sizes of a PET layout, so compiled code and CUDA graphs see few shapes.
 
 Three sizes are bucketed: atoms, neighbour slots per atom (the layout width) and the
-candidate pairs of the neighbour search (:class:`fastcalc.pet.layout.Candidates`). Each is rounded up to a multiple of a granule
-that grows with the size (at most 1/8 of it), so padding costs at most ~12% extra
-work and every doubling of a size has 8 buckets. What padding adds contributes exactly
+candidate pairs of the neighbour search (:class:`fastcalc.pet.layout.Candidates`). Each
+is rounded up to a multiple of a granule that grows with the size (at most 1/8 of it),
+so padding costs at most ~12% extra work and every doubling of a size has 8 buckets. What padding adds contributes exactly
 nothing:
 
 - padded atoms have no neighbours (all slots masked, pointing to themselves), no atom

@@ -31,22 +31,21 @@ def graph_inputs(
     cell: torch.Tensor,
     species: torch.Tensor,
     candidates: Candidates,
-    width: int,
+    slots: torch.Tensor,
     atom_mask: torch.Tensor | None = None,
-    charge: int = 0,
-    spin_multiplicity: int = 1,
+    state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """:func:`step_graph`'s flat inputs for a layout ``width`` slots wide;
-    ``atom_mask=None`` means every atom is real.
+    """:func:`step_graph`'s flat inputs for a layout of K = len(``slots``) slots
+    (``slots`` is ``arange(K)``); ``atom_mask=None`` means every atom is real.
 
-    ``charge`` and ``spin_multiplicity`` are not checked here (the graph cannot):
-    use ``PETCore.conditioning.check`` first.
+    ``state`` is the int64 [charge, spin multiplicity] (default [0, 1]); it is not
+    checked here (the graph cannot): use ``PETCore.conditioning.check`` first.
     """
     device = positions.device
     if atom_mask is None:
         atom_mask = torch.ones(len(positions), dtype=torch.bool, device=device)
-    state = torch.tensor([charge, spin_multiplicity], device=device)
-    slots = torch.arange(width, device=device)
+    if state is None:
+        state = torch.tensor([0, 1], device=device)
     return (positions, cell, atom_mask, state, species, *candidates, slots)
 
 

@@ -25,4 +25,4 @@ def test_tracing_refuses_trainable_weights(loaded):
     candidates = prepare_candidates(*edges, len(atoms))
     trainable = copy.deepcopy(core).requires_grad_(True)
     with pytest.raises(ValueError, match="requires_grad"):
-        trace_pet(trainable, graph_inputs(positions, cell, species, candidates, 20))
+        trace_pet(trainable, graph_inputs(positions, cell, species, candidates, torch.arange(20)))
