@@ -111,6 +111,7 @@ class TorchCalculator(Calculator):
         self.device = resolve_device(device)
         self.dtype = _DTYPES[dtype]
         self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
+        self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
 
     def evaluate(
         self,
@@ -131,6 +132,16 @@ class TorchCalculator(Calculator):
         for on fully periodic systems only.
         """
         raise NotImplementedError
+
+    def _on_device(self, name: str, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        """Device copy of a host array that rarely changes (numbers, pbc): copied again only
+        when it changed, so an MD step does not wait for these transfers."""
+        host, device = self._device_copies.get(name, (None, None))
+        if host is None or not np.array_equal(host, array):
+            host = np.array(array, copy=True)
+            device = torch.tensor(host, dtype=dtype, device=self.device)
+            self._device_copies[name] = (host, device)
+        return device
 
     def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
         changes = super().check_state(atoms, tol)
@@ -156,8 +167,8 @@ class TorchCalculator(Calculator):
             )
         positions = torch.tensor(atoms.positions, dtype=self.dtype, device=self.device)
         cell = torch.tensor(atoms.cell.array, dtype=self.dtype, device=self.device)
-        pbc = torch.tensor(atoms.pbc, device=self.device)
-        numbers = torch.tensor(atoms.numbers, dtype=torch.long, device=self.device)
+        pbc = self._on_device("pbc", atoms.pbc, torch.bool)
+        numbers = self._on_device("numbers", atoms.numbers, torch.long)
         try:
             search = self.neighbors.candidates if self.takes_candidates else self.neighbors
             edge_index, unit_shifts = search(positions, cell, pbc)
