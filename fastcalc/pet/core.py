@@ -167,7 +167,8 @@ class PETCore(nn.Module):
         if self.conditioning is not None:
             extra = self.conditioning(charge, spin_multiplicity, positions.device)
 
-        messages = self.edge_type_embedding(neighbor_types)
+        # the first layer's messages are the neighbours' type embeddings (looked up there)
+        messages: torch.Tensor | nn.Embedding = self.edge_type_embedding
         node_features: list[torch.Tensor] = []
         edge_features: list[torch.Tensor] = []
         node = self.node_type_embeddings[0](layout.species)
@@ -178,6 +179,8 @@ class PETCore(nn.Module):
             if extra is not None:
                 node = node + extra
             reversed_edges = edges.reshape(-1, edges.shape[-1])[flat_reverse].view_as(edges)
+            if k == 0:
+                messages = self.edge_type_embedding(neighbor_types)
             if self.feedforward:
                 both = self.merge_norms[k](torch.cat([edges, reversed_edges], dim=-1))
                 messages = (

@@ -123,7 +123,14 @@ class TokenLayer(nn.Module):
 
 class MessageBlock(nn.Module):
     """One GNN layer: embeds edge geometry (+ neighbour type, + incoming messages) into
-    tokens and runs the token layers over every atom's neighbourhood."""
+    tokens and runs the token layers over every atom's neighbourhood.
+
+    The token embedding is ``mix_out(silu(mix_hidden(cat[geometry(v, r), type, messages])))``
+    with the upstream weights, evaluated with ``mix_hidden`` split by input: the
+    geometry map composed with its slice (4 inputs instead of d_pet), the neighbour
+    types and, in the first layer, the messages (there the neighbours' type
+    embeddings) as lookup tables. Same function, fewer multiplications per edge.
+    """
 
     def __init__(self, hypers: PETHypers, num_species: int, first: bool) -> None:
         super().__init__()
@@ -136,21 +143,42 @@ class MessageBlock(nn.Module):
         self.mix_out = nn.Linear(d, d)
         self.layers = nn.ModuleList(TokenLayer(hypers) for _ in range(hypers.num_attention_layers))
 
+    def embed_edges(
+        self,
+        messages: torch.Tensor | nn.Embedding,
+        neighbor_types: torch.Tensor,
+        vectors: torch.Tensor,
+        distances: torch.Tensor,
+    ) -> torch.Tensor:
+        """Edge tokens (n, K, d_pet); ``messages`` is (n, K, d_pet), or, for the first
+        layer, the embedding whose rows of ``neighbor_types`` are the messages."""
+        d = self.mix_out.in_features
+        weight, bias = self.mix_hidden.weight, self.mix_hidden.bias
+        geometry_slice = weight[:, :d]
+        hidden = nn.functional.linear(
+            torch.cat([vectors, distances[..., None]], dim=-1),
+            geometry_slice @ self.geometry.weight,
+            geometry_slice @ self.geometry.bias + bias,
+        )
+        if isinstance(messages, nn.Embedding):
+            table = messages.weight @ weight[:, d:].T
+        else:
+            table = self.neighbor_types.weight @ weight[:, d : 2 * d].T
+            hidden = hidden + nn.functional.linear(messages, weight[:, 2 * d :])
+        hidden = hidden + table[neighbor_types]
+        return self.mix_out(nn.functional.silu(hidden))
+
     def forward(
         self,
         node: torch.Tensor,
-        messages: torch.Tensor,
+        messages: torch.Tensor | nn.Embedding,
         neighbor_types: torch.Tensor,
         vectors: torch.Tensor,
         distances: torch.Tensor,
         bias: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """node (n, d_node), messages (n, K, d_pet) -> new (node, edge tokens)."""
-        parts = [self.geometry(torch.cat([vectors, distances[..., None]], dim=-1))]
-        if not self.first:
-            parts.append(self.neighbor_types(neighbor_types))
-        parts.append(messages)
-        edges = self.mix_out(nn.functional.silu(self.mix_hidden(torch.cat(parts, dim=-1))))
+        """node (n, d_node), messages (see :meth:`embed_edges`) -> new (node, edge tokens)."""
+        edges = self.embed_edges(messages, neighbor_types, vectors, distances)
         for layer in self.layers:
             node, edges = layer(node, edges, bias)
         return node, edges
