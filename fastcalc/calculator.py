@@ -25,7 +25,7 @@ from ase.stress import full_3x3_to_voigt_6_stress
 
 from .buckets import PaddedEdges, pad_edges, padding_cell
 from .geometry import energy_forces_stress
-from .neighbors import NeighborOverflowError, VerletNeighborList
+from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList
 
 __all__ = ["InvalidAtomsError", "PotentialCalculator", "TorchCalculator", "resolve_device"]
 
@@ -129,7 +129,9 @@ class TorchCalculator(Calculator):
         Verlet candidates (:meth:`fastcalc.neighbors.VerletNeighborList.candidates`),
         which the model must filter itself; ``cell`` has no zero vector, so a model
         can pad them with :func:`fastcalc.buckets.pad_edges`. Stress is asked
-        for on fully periodic systems only.
+        for on fully periodic systems only. The results may be on any device (one
+        copy to the host follows); a model that has already moved them to the host
+        returns CPU tensors.
         """
         raise NotImplementedError
 
@@ -171,7 +173,8 @@ class TorchCalculator(Calculator):
         numbers = self._on_device("numbers", atoms.numbers, torch.long)
         try:
             search = self.neighbors.candidates if self.takes_candidates else self.neighbors
-            edge_index, unit_shifts = search(positions, cell, pbc)
+            host = HostGeometry(atoms.positions, atoms.cell.array, atoms.pbc)
+            edge_index, unit_shifts = search(positions, cell, pbc, host=host)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
         energy, forces, stress = self.evaluate(

@@ -10,11 +10,13 @@ atoms have moved far enough to matter.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
+import numpy as np
 import torch
 from nvalchemiops.torch.neighbors import neighbor_list as _nvalchemi_neighbor_list
 
-__all__ = ["NeighborOverflowError", "VerletNeighborList", "neighbor_list"]
+__all__ = ["HostGeometry", "NeighborOverflowError", "VerletNeighborList", "neighbor_list"]
 
 #: Initial per-atom width of the neighbor matrix; widened on demand.
 _INITIAL_WIDTH = 64
@@ -144,6 +146,30 @@ def _complement(periodic: list[torch.Tensor]) -> list[torch.Tensor]:
     return basis[len(periodic):]
 
 
+class HostGeometry(NamedTuple):
+    """Host (numpy) copies of positions, cell and pbc, for a staleness check that does
+    not wait for the device."""
+
+    positions: np.ndarray
+    cell: np.ndarray
+    pbc: np.ndarray
+
+    def copy(self) -> HostGeometry:
+        return HostGeometry(*(np.array(a, copy=True) for a in self))
+
+    def moved_from(self, searched: HostGeometry, skin: float) -> bool:
+        """Whether the cell, pbc or atom count differ from ``searched``, or an atom has
+        moved more than ``skin / 2`` since."""
+        if self.positions.shape != searched.positions.shape:
+            return True
+        if not (np.array_equal(self.cell, searched.cell) and np.array_equal(self.pbc, searched.pbc)):
+            return True
+        if len(self.positions) == 0:
+            return False
+        displacement = self.positions - searched.positions
+        return bool(np.einsum("ij,ij->i", displacement, displacement).max() > (skin / 2) ** 2)
+
+
 class VerletNeighborList:
     """A neighbor list that searches with ``cutoff + skin`` and reuses that search.
 
@@ -166,6 +192,7 @@ class VerletNeighborList:
         self._width = _INITIAL_WIDTH
         # (positions, cell, pbc, system_index) of the stored search
         self._searched: tuple[torch.Tensor, ...] | None = None
+        self._host_searched: HostGeometry | None = None
         self._candidates: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(
@@ -174,9 +201,11 @@ class VerletNeighborList:
         cell: torch.Tensor,
         pbc: torch.Tensor,
         system_index: torch.Tensor | None = None,
+        host: HostGeometry | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(edge_index, unit_shifts)`` of the pairs closer than ``cutoff``."""
-        edge_index, shifts = self.candidates(positions, cell, pbc, system_index)
+        """``(edge_index, unit_shifts)`` of the pairs closer than ``cutoff``; ``host``
+        as for :meth:`candidates`."""
+        edge_index, shifts = self.candidates(positions, cell, pbc, system_index, host)
         if self.skin == 0:
             return edge_index, shifts
         return _within(positions, cell, system_index, edge_index, shifts, self.cutoff)
@@ -187,13 +216,19 @@ class VerletNeighborList:
         cell: torch.Tensor,
         pbc: torch.Tensor,
         system_index: torch.Tensor | None = None,
+        host: HostGeometry | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(edge_index, unit_shifts)`` of the stored search: every pair closer than
         ``cutoff`` and some up to ``cutoff + skin``. Searches again first if stale; the
-        same tensors come back until the next search (``searches`` counts them)."""
+        same tensors come back until the next search (``searches`` counts them).
+
+        ``host``, the same positions, cell and pbc as numpy arrays, lets staleness be
+        decided on the host; otherwise it is decided on the tensors' device, which
+        costs one host synchronisation.
+        """
         positions = positions.detach()
         cell = cell.detach()
-        if self._needs_search(positions, cell, pbc, system_index):
+        if self._needs_search(positions, cell, pbc, system_index, host):
             edge_index, shifts, self._width = _search(
                 positions,
                 cell,
@@ -207,6 +242,7 @@ class VerletNeighborList:
             self._candidates = (edge_index, shifts)
             index = None if system_index is None else system_index.clone()
             self._searched = (positions.clone(), cell.clone(), pbc.clone(), index)
+            self._host_searched = None if host is None else host.copy()
         return self._candidates
 
     def _needs_search(
@@ -215,8 +251,10 @@ class VerletNeighborList:
         cell: torch.Tensor,
         pbc: torch.Tensor,
         system_index: torch.Tensor | None,
+        host: HostGeometry | None,
     ) -> bool:
-        """Whether the stored search is stale: compared on the device, one host synchronisation."""
+        """Whether the stored search is stale: compared on the host if both this call and
+        the search gave ``host``, else on the device (one host synchronisation)."""
         if self._searched is None:
             return True
         reference, old_cell, old_pbc, old_index = self._searched
@@ -229,6 +267,8 @@ class VerletNeighborList:
         )
         if not same_kind:
             return True
+        if host is not None and self._host_searched is not None and system_index is None:
+            return host.moved_from(self._host_searched, self.skin)
         stale = (cell != old_cell).any() | (pbc != old_pbc).any()
         if system_index is not None:
             stale = stale | (system_index.to(old_index.device) != old_index).any()

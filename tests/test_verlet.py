@@ -5,7 +5,7 @@ import torch
 from ase.build import bulk
 from ase.neighborlist import neighbor_list as ase_neighbor_list
 
-from fastcalc.neighbors import VerletNeighborList
+from fastcalc.neighbors import HostGeometry, VerletNeighborList
 
 CUTOFF, SKIN = 4.0, 0.6
 
@@ -74,3 +74,24 @@ def test_candidates_are_the_stored_search_until_it_goes_stale():
     assert nl.candidates(*inputs())[0] is edge_index
     atoms.positions[3] += [0.2, 0, 0]
     assert nl.candidates(*inputs())[0] is not edge_index and nl.searches == 2
+
+
+def test_host_geometry_decides_staleness_as_the_device_would():
+    atoms = crystal()
+    on_device, on_host = VerletNeighborList(CUTOFF, SKIN), VerletNeighborList(CUTOFF, SKIN)
+    moves = [(3, [0.1, 0, 0]), (3, [0.25, 0, 0]), (0, [0, 0.05, 0]), (5, [0, 0, -0.35])]
+    for atom, move in [(0, [0, 0, 0]), *moves]:
+        atoms.positions[atom] += move
+        tensors = (torch.tensor(atoms.positions), torch.tensor(atoms.cell.array),
+                   torch.tensor(atoms.pbc))
+        host = HostGeometry(atoms.positions, atoms.cell.array, atoms.pbc)
+        edge_index, shifts = on_host(*tensors, host=host)
+        assert sorted(zip(*edge_index.tolist(), *shifts.T.tolist())) == ase_edges(atoms)
+        on_device(*tensors)
+        assert on_host.searches == on_device.searches
+    assert on_host.searches == 3
+    atoms.set_cell(atoms.cell * 1.01, scale_atoms=True)
+    host = HostGeometry(atoms.positions, atoms.cell.array, atoms.pbc)
+    on_host(torch.tensor(atoms.positions), torch.tensor(atoms.cell.array),
+            torch.tensor(atoms.pbc), host=host)
+    assert on_host.searches == 4
