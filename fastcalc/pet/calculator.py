@@ -7,8 +7,8 @@ replay) runs the layout stage, which chooses the kept edges on the current geome
 (adaptive cutoffs solved there) without gradients, and then the model's traced graph:
 network, forces and stress on that layout. Besides the neighbour list's staleness
 check, the host waits for the device once, at the end, to learn whether the layout
-fitted its width. Afterwards, in float64: the energy scale and the per-element
-composition energies.
+fitted its width; that wait is the single copy of the results to the host, where the
+energy scale and the per-element composition energies are applied in float64.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ase import Atoms
 from ..calculator import InvalidAtomsError, TorchCalculator
 from ..models import resolve_model_path
 from .core import PETCore
-from .energy import EnergyReference, apply_reference
+from .energy import apply_reference
 from .layout import Candidates, pad_candidates, prepare_candidates, select_edges
 from .load import PETMetadata, load_pet
 from .padding import WIDTH_STEP, PaddedShape, atom_mask, pad_positions, padded_shape, padded_size
@@ -121,12 +121,14 @@ class CompiledPETCalculator(TorchCalculator):
         )
         self.core = core.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         self.metadata = metadata
-        reference = metadata.reference()
-        self.reference = EnergyReference(reference.scale, reference.composition.to(self.device))
+        # the energy reference is applied on the host, in float64, after the single transfer
+        self.reference = metadata.reference()
+        self._host_species = self.core.species_index.cpu()
         self.compile_mode = self._mode(compile_mode) if compile else None
         self._graph = None if compile else step_graph(self.core)
         self._topology: Topology | None = None
         self._states: dict[tuple[int, int], torch.Tensor] = {}
+        self._padded_species: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def _mode(self, requested: str | None) -> str:
         """The torch.compile mode; warns once per process that compiling on CPU is slow."""
@@ -184,19 +186,27 @@ class CompiledPETCalculator(TorchCalculator):
         self._topology = Topology.of(search, candidates, shape, len(positions))
         return self._topology
 
+    def _species(self, numbers: torch.Tensor, atoms: int) -> torch.Tensor:
+        """Species indices padded to ``atoms``; made again only when ``numbers`` (cached on
+        the device by the base class) or the padding changed."""
+        cached = self._padded_species
+        if cached is None or cached[0] is not numbers or cached[1] != atoms:
+            species = self.core.species_index[numbers]  # supported: checked on the host
+            padded = torch.cat([species, species.new_zeros(atoms - len(numbers))])
+            self._padded_species = (numbers, atoms, padded)
+        return self._padded_species[2]
+
     def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
         charge, spin = self._state()
         topology = self._prepare(positions, cell, edge_index, unit_shifts)
-        n, atoms = len(numbers), topology.shape.atoms
-        species = self.core.species_index[numbers]  # supported: checked on the host
-        padded_species = torch.cat([species, species.new_zeros(atoms - n)])
-        padded_positions = pad_positions(positions, atoms)
+        n = len(numbers)
+        padded_positions = pad_positions(positions, topology.shape.atoms)
         state = self._state_tensor(charge, spin)
         while True:
             inputs = graph_inputs(
                 padded_positions,
                 cell,
-                padded_species,
+                self._species(numbers, topology.shape.atoms),
                 topology.candidates,
                 topology.slots,
                 topology.atom_mask,
@@ -206,20 +216,25 @@ class CompiledPETCalculator(TorchCalculator):
                 if self._graph is None:
                     self._graph = compile_pet(self.core, inputs, self.compile_mode)
                 energies, forces, virial, status = self._graph(*inputs)
-            needed, symmetric = status.tolist()  # waits for the device
+            # one copy to the host (waits for the device), detached from graph buffers
+            host = torch.cat(
+                [status.to(energies.dtype), energies[:n], forces[:n].reshape(-1), virial.reshape(-1)]
+            ).cpu()
+            needed, symmetric = host[:2].tolist()
             if not symmetric:
                 raise RuntimeError("PET kept an edge but not its reverse; please report this")
             if needed <= topology.shape.width:
                 break
             # an atom gained neighbours since the width was sized: widen and redo
-            shape = topology.shape._replace(width=padded_size(needed, WIDTH_STEP))
+            shape = topology.shape._replace(width=padded_size(int(needed), WIDTH_STEP))
             topology = Topology.of(topology.search, topology.candidates, shape, n)
             self._topology = topology
+        energies, forces, virial = host[2:].split([n, 3 * n, 9])
         result = apply_reference(
             self.reference,
-            species,
-            energies[:n],
-            forces[:n],
-            virial if compute_stress else None,
+            self._host_species[torch.from_numpy(self.atoms.numbers)],
+            energies,
+            forces.view(n, 3),
+            virial.view(3, 3) if compute_stress else None,
         )
         return result.energy, result.forces, result.stress
