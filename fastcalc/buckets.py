@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PaddedEdges", "bucket", "pad_edges", "padding_cell"]
+__all__ = ["PaddedEdges", "bucket", "pad_edges", "padding_cell", "padding_shift"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,20 @@ def padding_cell(cell: torch.Tensor, cutoff: float) -> torch.Tensor:
     return torch.where(lengths > 0, cell, filler)
 
 
+def padding_shift(cell: torch.Tensor, cutoff: float) -> torch.Tensor:
+    """(3,) int64 shift along the longest vector of ``cell`` (no zero vector, see
+    :func:`padding_cell`), long enough that a self-loop with it lies beyond ``cutoff``.
+
+    Computed on the device, so padding never waits for the device.
+    """
+    lengths = cell.detach().norm(dim=1)
+    if cell.device.type == "cpu" and float(lengths.max()) <= 0:  # free on the CPU only
+        raise ValueError("cannot pad edges with a zero cell: use padding_cell(cell, cutoff)")
+    axis = torch.argmax(lengths)
+    repeats = torch.floor(cutoff / lengths[axis]).long() + 1
+    return (torch.arange(3, device=cell.device) == axis).long() * repeats
+
+
 def pad_edges(
     edge_index: torch.Tensor,
     unit_shifts: torch.Tensor,
@@ -72,15 +86,7 @@ def pad_edges(
     n_edges = edge_index.shape[1]
     n_pad = bucket(n_edges, bucket_size) - n_edges
     device = edge_index.device
-    first_cell = (cell[0] if cell.ndim == 3 else cell).detach()
-    lengths = first_cell.norm(dim=1)
-    if first_cell.device.type == "cpu" and float(lengths.max()) <= 0:  # free on the CPU only
-        raise ValueError("cannot pad edges with a zero cell: use padding_cell(cell, cutoff)")
-    # along the longest vector, floor(cutoff / length) + 1 times: computed on the device,
-    # so padding never waits for the device
-    axis = torch.argmax(lengths)
-    repeats = torch.floor(cutoff / lengths[axis]).long() + 1
-    shift = (torch.arange(3, device=device) == axis).long() * repeats
+    shift = padding_shift(cell[0] if cell.ndim == 3 else cell, cutoff)
     return PaddedEdges(
         edge_index=torch.cat([edge_index, edge_index.new_zeros((2, n_pad))], dim=1),
         unit_shifts=torch.cat([unit_shifts, shift.expand(n_pad, 3)], dim=0),

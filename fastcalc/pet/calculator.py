@@ -74,7 +74,7 @@ class Topology(NamedTuple):
 
     @classmethod
     def of(cls, search: int, candidates: Candidates, shape: PaddedShape, num_atoms: int):
-        device = candidates.centers.device
+        device = candidates.neighbors.device
         slots = torch.arange(shape.width, device=device)
         return cls(search, candidates, shape, slots, atom_mask(num_atoms, shape.atoms, device))
 
@@ -179,10 +179,11 @@ class CompiledPETCalculator(TorchCalculator):
         search = self.neighbors.searches
         if self._topology is not None and self._topology.search == search:
             return self._topology
-        candidates = prepare_candidates(edge_index, unit_shifts, len(positions))
-        counts = select_edges(positions, cell, candidates, self.metadata.hypers).counts
-        shape = padded_shape(len(positions), int(counts.max()), len(candidates.centers))
-        candidates = pad_candidates(candidates, cell, self.metadata.hypers.cutoff, shape.pool)
+        hypers = self.metadata.hypers
+        candidates = prepare_candidates(edge_index, unit_shifts, len(positions), cell, hypers.cutoff)
+        counts = select_edges(positions, cell, candidates, hypers).counts
+        shape = padded_shape(len(positions), int(counts.max()), candidates.neighbors.shape[1])
+        candidates = pad_candidates(candidates, cell, hypers.cutoff, shape.atoms, shape.pool)
         self._topology = Topology.of(search, candidates, shape, len(positions))
         return self._topology
 

@@ -14,7 +14,7 @@ from torch import nn
 from .cutoffs import CUTOFF_FUNCTIONS, implicit_step
 from .hypers import PETHypers
 from .layers import Head, MessageBlock, attention_bias
-from .layout import PETLayout, pair_distances, pair_vectors
+from .layout import PETLayout, candidate_distances, pair_vectors
 
 
 class SystemConditioning(nn.Module):
@@ -126,13 +126,10 @@ class PETCore(nn.Module):
         if h.num_neighbors_adaptive is None:
             factors = self.cutoff_function(distances, h.cutoff, h.cutoff_width)
         else:
-            pool = pair_vectors(
-                positions, cell, layout.pool_centers, layout.pool_neighbors, layout.pool_shifts
-            )
+            pool = candidate_distances(positions, cell, layout.pool_neighbors, layout.pool_shifts)
             radii = implicit_step(
                 layout.radii,
-                layout.pool_centers,
-                pair_distances(pool),
+                pool,
                 h.num_neighbors_adaptive,
                 h.cutoff,
                 h.cutoff_width_adaptive,

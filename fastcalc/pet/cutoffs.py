@@ -54,29 +54,18 @@ CUTOFF_FUNCTIONS = {"Bump": bump_cutoff, "Cosine": cosine_cutoff}
 
 
 def _smoothed_count(
-    radii: torch.Tensor,
-    centers: torch.Tensor,
-    distances: torch.Tensor,
-    target: float,
-    max_cutoff: float,
-    width: float,
+    radii: torch.Tensor, distances: torch.Tensor, target: float, max_cutoff: float, width: float
 ) -> torch.Tensor:
-    """n_i(r_i) - N for every atom, differentiable in the distances."""
-    per_pair = bump_cutoff(distances, radii[centers], width)
-    count = torch.zeros_like(radii).index_add(0, centers, per_pair)
+    """n_i(r_i) - N for every atom (row of ``distances``), differentiable in the distances."""
+    count = bump_cutoff(distances, radii[:, None], width).sum(dim=1)
     return count + target * (radii * (1.0 / max_cutoff)) ** 3 - target
 
 
 def _count_and_slope(
-    radii: torch.Tensor,
-    centers: torch.Tensor,
-    distances: torch.Tensor,
-    target: float,
-    max_cutoff: float,
-    width: float,
+    radii: torch.Tensor, distances: torch.Tensor, target: float, max_cutoff: float, width: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """n_i(r_i) - N and dn_i/dr_i in closed form (no autograd)."""
-    s = _taper_coordinate(distances, radii[centers], width)
+    s = _taper_coordinate(distances, radii[:, None], width)
     inside = (s > 0.0) & (s < 1.0)
     angle = math.pi * s.clamp(_BUMP_EPS, 1.0 - _BUMP_EPS)
     sin = torch.sin(angle)
@@ -85,32 +74,27 @@ def _count_and_slope(
     slope = torch.where(
         inside, (0.5 * math.pi / width) * (1.0 - tanh_cot * tanh_cot) / (sin * sin), 0.0
     )
-    count = torch.zeros_like(radii).index_add(0, centers, value)
-    dcount = torch.zeros_like(radii).index_add(0, centers, slope)
     inverse = 1.0 / max_cutoff
     x = radii * inverse
-    return count + target * x**3 - target, dcount + 3.0 * target * x**2 * inverse
+    count = value.sum(dim=1) + target * x**3 - target
+    return count, slope.sum(dim=1) + 3.0 * target * x**2 * inverse
 
 
 @torch.no_grad()
 def solve_adaptive_cutoffs(
-    centers: torch.Tensor,
-    distances: torch.Tensor,
-    num_atoms: int,
-    target: float,
-    max_cutoff: float,
-    width: float,
+    distances: torch.Tensor, target: float, max_cutoff: float, width: float
 ) -> torch.Tensor:
-    """The Newton root r_i (num_atoms,) on detached distances, before the implicit step.
+    """The Newton root r_i (n,) on detached distances, before the implicit step.
 
-    ``centers``/``distances`` describe every pair within ``max_cutoff``.
+    ``distances`` (n, R) holds, row by row, each atom's distance to every candidate
+    within ``max_cutoff`` (entries beyond it count nothing, so rows may be padded).
     """
     fixed = distances.detach()
-    low = torch.zeros(num_atoms, dtype=distances.dtype, device=distances.device)
+    low = fixed.new_zeros(fixed.shape[0])
     high = torch.full_like(low, max_cutoff)
     radii = 0.5 * high
     for _ in range(_NEWTON_STEPS):
-        excess, slope = _count_and_slope(radii, centers, fixed, target, max_cutoff, width)
+        excess, slope = _count_and_slope(radii, fixed, target, max_cutoff, width)
         below = excess <= 0
         low = torch.where(below, radii, low)
         high = torch.where(below, high, radii)
@@ -121,18 +105,13 @@ def solve_adaptive_cutoffs(
 
 
 def implicit_step(
-    radii: torch.Tensor,
-    centers: torch.Tensor,
-    distances: torch.Tensor,
-    target: float,
-    max_cutoff: float,
-    width: float,
+    radii: torch.Tensor, distances: torch.Tensor, target: float, max_cutoff: float, width: float
 ) -> torch.Tensor:
     """Adaptive cutoffs from the root ``radii`` of :func:`solve_adaptive_cutoffs`,
-    differentiable in ``distances`` by the implicit-function theorem, clamped to range."""
+    differentiable in ``distances`` (n, R) by the implicit-function theorem, clamped to range."""
     radii = radii.detach()
     with torch.no_grad():
-        _, slope = _count_and_slope(radii, centers, distances.detach(), target, max_cutoff, width)
-    excess = _smoothed_count(radii, centers, distances, target, max_cutoff, width)
+        _, slope = _count_and_slope(radii, distances.detach(), target, max_cutoff, width)
+    excess = _smoothed_count(radii, distances, target, max_cutoff, width)
     corrected = radii - excess / slope.clamp_min(_MIN_SLOPE)
     return corrected.clamp(max_cutoff * _MIN_CUTOFF_FRACTION, max_cutoff)

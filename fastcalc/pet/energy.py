@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..buckets import padding_cell
 from ..geometry import energy_forces_stress
 from .core import PETCore
 from .layout import PETLayout
@@ -91,10 +92,12 @@ def evaluate(
 ) -> PETResult:
     """Total and per-atom energies, forces and (for a non-zero volume) stress in float64.
 
-    Inputs are in the core's dtype.
+    Inputs are in the core's dtype; ``layout`` is built for ``padding_cell(cell, cutoff)``
+    (as :func:`fastcalc.pet.layout.structure_layout` does), which the model is given.
     """
     compute_stress = bool(torch.linalg.det(cell.detach().double()).abs() > 0.0)
+    model_cell = padding_cell(cell, core.hypers.cutoff)
     energies, forces, stress = energy_and_derivatives(
-        core, positions, cell, layout, compute_stress, charge, spin_multiplicity
+        core, positions, model_cell, layout, compute_stress, charge, spin_multiplicity
     )
     return apply_reference(reference, layout.species, energies, forces, stress)

@@ -2,8 +2,8 @@
 
 Two steps. Once per neighbour search, :func:`prepare_candidates` turns the search's
 pairs (everything within the cutoff, or within cutoff + skin for a Verlet list) into
-:class:`Candidates`: sorted by centre, each with the index of its reversed pair,
-padded to a bucket. Every evaluation, :func:`device_layout` picks from the candidates
+:class:`Candidates`: one row per centre atom, each pair with the index of its reversed
+pair, padded to a bucket (:func:`pad_candidates`). Every evaluation, :func:`device_layout` picks from the candidates
 the edges PET keeps on the current geometry (within the cutoff; for adaptive models,
 within the pair's adaptive cutoff) and scatters them into a :class:`PETLayout` of a
 given width, with tensor operations only: no host synchronisation and no
@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..buckets import pad_edges
+from ..buckets import padding_cell, padding_shift
 from ..neighbors import neighbor_list
 from .cutoffs import implicit_step, solve_adaptive_cutoffs
 from .hypers import PETHypers
@@ -38,9 +38,10 @@ class PETLayout(NamedTuple):
     mask:      (n, K) True for real neighbours
     reverse:   (n, K) flat index (into n * K) of the slot holding the reversed edge j -> i;
                padded slots point to themselves
-    pool_*:    candidate pairs (centre, neighbour, shift) including every pair within the
-               maximal cutoff; adaptive models recompute their cutoffs from them
-               differentiably (pairs beyond the cutoff contribute exactly nothing)
+    pool_*:    (n, R) neighbours and (n, R, 3) shifts of the candidate pairs, one row per
+               centre, including every pair within the maximal cutoff; adaptive models
+               recompute their cutoffs from them differentiably (pairs beyond the cutoff,
+               the padding included, contribute exactly nothing)
     radii:     (n,) detached root of the adaptive-cutoff equation on this geometry (see
                :func:`fastcalc.pet.cutoffs.solve_adaptive_cutoffs`); empty for fixed cutoffs
     """
@@ -50,21 +51,24 @@ class PETLayout(NamedTuple):
     shifts: torch.Tensor
     mask: torch.Tensor
     reverse: torch.Tensor
-    pool_centers: torch.Tensor
     pool_neighbors: torch.Tensor
     pool_shifts: torch.Tensor
     radii: torch.Tensor
 
 
 class Candidates(NamedTuple):
-    """Pairs a layout is picked from; fixed between neighbour searches.
+    """Pairs a layout is picked from, one row per centre atom; fixed between neighbour searches.
 
-    centers, neighbors, shifts: (P,), (P,), (P, 3) int64 pairs (i, j, S), the real ones
-             first and sorted by centre, then padding: self-pairs of atom 0 beyond the cutoff
-    reverse: (P,) index of the pair (j, i, -S); padding points to itself
+    neighbors: (n, R) int64 neighbour atom of each candidate pair (i, j, S)
+    shifts:    (n, R, 3) int64 cell shift S
+    reverse:   (n, R) flat index (into n * R) of the pair (j, i, -S)
+
+    Each row holds its centre's pairs first; the rest of the row, and every row of a
+    padded atom, is padding: the centre itself at a shift beyond the cutoff
+    (:func:`fastcalc.buckets.padding_shift`), its own reverse. Rows let every per-atom
+    sum be a row reduction rather than a scatter.
     """
 
-    centers: torch.Tensor
     neighbors: torch.Tensor
     shifts: torch.Tensor
     reverse: torch.Tensor
@@ -73,7 +77,7 @@ class Candidates(NamedTuple):
 class Selection(NamedTuple):
     """Which candidates PET keeps on the current geometry.
 
-    keep:   (P,) bool
+    keep:   (n, R) bool
     counts: (n,) kept pairs per centre
     radii:  (n,) adaptive-cutoff roots, or empty for fixed cutoffs
     """
@@ -102,21 +106,50 @@ def pair_distances(vectors: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(vectors, dim=-1) + 1e-15
 
 
+def candidate_distances(
+    positions: torch.Tensor, cell: torch.Tensor, neighbors: torch.Tensor, shifts: torch.Tensor
+) -> torch.Tensor:
+    """(n, R) distances of candidate rows (centre i of row i)."""
+    centers = torch.arange(neighbors.shape[0], device=neighbors.device)[:, None]
+    return pair_distances(pair_vectors(positions, cell, centers, neighbors, shifts))
+
+
+def _padding_rows(
+    atoms: int, columns: int, cell: torch.Tensor, cutoff: float
+) -> Candidates:
+    """Candidates of ``atoms`` rows x ``columns`` holding padding only."""
+    device = cell.device
+    own = torch.arange(atoms, device=device)[:, None].expand(atoms, columns).clone()
+    shifts = padding_shift(cell, cutoff).expand(atoms, columns, 3).clone()
+    reverse = torch.arange(atoms * columns, device=device).view(atoms, columns)
+    return Candidates(own, shifts, reverse)
+
+
 @torch.no_grad()
 def prepare_candidates(
-    edge_index: torch.Tensor, unit_shifts: torch.Tensor, num_atoms: int
+    edge_index: torch.Tensor,
+    unit_shifts: torch.Tensor,
+    num_atoms: int,
+    cell: torch.Tensor,
+    cutoff: float,
 ) -> Candidates:
-    """A full neighbour list as :class:`Candidates` (unpadded); two host synchronisations.
+    """A full neighbour list as :class:`Candidates` with one row per atom and as many
+    columns as the largest row needs; two host synchronisations.
 
-    Raises ``ValueError`` if some pair's reverse is missing (the list is not symmetric)
-    or the list is too large to key its pairs with int64.
+    ``cell`` (no zero vector, see :func:`fastcalc.buckets.padding_cell`) and ``cutoff``
+    place the padding. Raises ``ValueError`` if some pair's reverse is missing (the list
+    is not symmetric) or the list is too large to key its pairs with int64.
     """
     edge_index = edge_index.long()
     shifts = unit_shifts.long()
     order = torch.argsort(edge_index[0], stable=True)
     centers, neighbors, shifts = edge_index[0, order], edge_index[1, order], shifts[order]
-    if centers.shape[0] == 0:
-        return Candidates(centers, neighbors, shifts, centers.clone())
+    pairs = centers.shape[0]
+    counts = torch.bincount(centers, minlength=num_atoms)
+    columns = int(counts.max()) if pairs else 0
+    grid = _padding_rows(num_atoms, columns, cell, cutoff)
+    if pairs == 0:
+        return grid
     reach = int(shifts.abs().max())
     base = 2 * reach + 1
     if num_atoms**2 * base**3 >= 2**62:
@@ -128,28 +161,32 @@ def prepare_candidates(
 
     forward_keys, by_key = torch.sort(key(centers, neighbors, shifts))
     backward_keys = key(neighbors, centers, -shifts)
-    where = torch.searchsorted(forward_keys, backward_keys).clamp_max(centers.shape[0] - 1)
+    where = torch.searchsorted(forward_keys, backward_keys).clamp_max(pairs - 1)
     if not bool((forward_keys[where] == backward_keys).all()):
         raise ValueError("neighbour list is not symmetric (some edge j -> i is missing)")
-    return Candidates(centers, neighbors, shifts, by_key[where])
+    rank = torch.arange(pairs, device=centers.device) - (torch.cumsum(counts, 0) - counts)[centers]
+    flat = centers * columns + rank
+    return Candidates(
+        grid.neighbors.view(-1).index_put((flat,), neighbors).view_as(grid.neighbors),
+        grid.shifts.view(-1, 3).index_put((flat,), shifts).view_as(grid.shifts),
+        grid.reverse.view(-1).index_put((flat,), flat[by_key[where]]).view_as(grid.reverse),
+    )
 
 
 def pad_candidates(
-    candidates: Candidates, cell: torch.Tensor, cutoff: float, size: int
+    candidates: Candidates, cell: torch.Tensor, cutoff: float, atoms: int, columns: int
 ) -> Candidates:
-    """``candidates`` padded to ``size`` pairs with self-pairs of atom 0 beyond ``cutoff``.
-
-    ``cell`` must have no zero vector (see :func:`fastcalc.buckets.padding_cell`).
-    """
-    real = candidates.centers.shape[0]
-    if size < real:
-        raise ValueError(f"cannot pad {real} candidate pairs to {size}")
-    edge_index = torch.stack([candidates.centers, candidates.neighbors])
-    padded = pad_edges(edge_index, candidates.shifts, cell, cutoff, size)
-    reverse = torch.cat(
-        [candidates.reverse, torch.arange(real, size, device=candidates.reverse.device)]
-    )
-    return Candidates(*padded.edge_index, padded.unit_shifts, reverse)
+    """``candidates`` padded to ``atoms`` rows and ``columns`` columns (see :class:`Candidates`)."""
+    n, real = candidates.neighbors.shape
+    if atoms < n or columns < real:
+        raise ValueError(f"cannot pad {n} x {real} candidates to {atoms} x {columns}")
+    grid = _padding_rows(atoms, columns, cell, cutoff)
+    grid.neighbors[:n, :real] = candidates.neighbors
+    grid.shifts[:n, :real] = candidates.shifts
+    if real:
+        old = candidates.reverse
+        grid.reverse[:n, :real] = old // real * columns + old % real
+    return grid
 
 
 @torch.no_grad()
@@ -163,19 +200,16 @@ def select_edges(
     a pair and its reverse have bitwise equal distances and pair cutoffs.
     """
     positions, cell = positions.detach(), cell.detach()
-    n = positions.shape[0]
-    centers, neighbors = candidates.centers, candidates.neighbors
-    distances = pair_distances(pair_vectors(positions, cell, centers, neighbors, candidates.shifts))
+    neighbors = candidates.neighbors
+    distances = candidate_distances(positions, cell, neighbors, candidates.shifts)
     keep = distances < hypers.cutoff
     radii = positions.new_zeros(0)
     if hypers.num_neighbors_adaptive is not None:
         args = (hypers.num_neighbors_adaptive, hypers.cutoff, hypers.cutoff_width_adaptive)
-        radii = solve_adaptive_cutoffs(centers, distances, n, *args)
-        cutoffs = implicit_step(radii, centers, distances, *args)
-        keep = keep & (distances <= 0.5 * (cutoffs[centers] + cutoffs[neighbors]))
-    counts = torch.zeros(n, dtype=torch.long, device=positions.device)
-    counts = counts.scatter_add(0, centers, keep.long())
-    return Selection(keep, counts, radii)
+        radii = solve_adaptive_cutoffs(distances, *args)
+        cutoffs = implicit_step(radii, distances, *args)
+        keep = keep & (distances <= 0.5 * (cutoffs[:, None] + cutoffs[neighbors]))
+    return Selection(keep, keep.sum(dim=1), radii)
 
 
 @torch.no_grad()
@@ -195,31 +229,33 @@ def device_layout(
     only, for any sizes: it can be traced and compiled.
     """
     n, width = positions.shape[0], slots.shape[0]
-    centers, neighbors, shifts, reverse = candidates
+    neighbors, shifts, reverse = candidates
     selection = select_edges(positions, cell, candidates, hypers)
     keep, counts = selection.keep, selection.counts
-    kept_before = torch.cumsum(keep.long(), 0) - keep.long()
-    centre_start = torch.cumsum(counts, 0) - counts
-    slot = kept_before - centre_start[centers]  # rank among its centre's kept pairs
+    kept = keep.long()
+    slot = torch.cumsum(kept, dim=1) - kept  # rank among its centre's kept pairs
     placed = keep & (slot < width)
     dump = n * width  # one spare entry receives every pair that is not placed
-    flat = torch.where(placed, centers * width + slot, dump)
+    own = torch.arange(n, device=positions.device)
+    flat = torch.where(placed, own[:, None] * width + slot, dump).view(-1)
     spare = torch.arange(dump + 1, device=positions.device)
-    own = torch.arange(n, device=positions.device)[:, None].expand(n, width).reshape(-1)
+    own_slots = own[:, None].expand(n, width).reshape(-1)
 
     def scatter(base: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        values = values.reshape(flat.shape[0], *values.shape[2:])
         index = flat.view(-1, *([1] * (values.ndim - 1))).expand_as(values)
         return base.scatter(0, index, values)[:dump]
 
-    grid_neighbors = scatter(torch.cat([own, own.new_zeros(1)]), neighbors).view(n, width)
+    grid_neighbors = scatter(torch.cat([own_slots, own.new_zeros(1)]), neighbors).view(n, width)
     grid_shifts = scatter(shifts.new_zeros(dump + 1, 3), shifts).view(n, width, 3)
-    grid_reverse = scatter(spare, neighbors * width + slot[reverse]).view(n, width)
+    reverse_slot = slot.view(-1)[reverse]
+    grid_reverse = scatter(spare, neighbors * width + reverse_slot).view(n, width)
     mask = slots[None, :] < counts[:, None]
-    symmetric = (~keep | keep[reverse]).all()
+    symmetric = (~keep | keep.view(-1)[reverse]).all()
     status = torch.stack([counts.max(), symmetric.long()])
     layout = PETLayout(
-        species, grid_neighbors, grid_shifts, mask, grid_reverse,
-        centers, neighbors, shifts, selection.radii,
+        species, grid_neighbors, grid_shifts, mask, grid_reverse, neighbors, shifts,
+        selection.radii,
     )
     return layout, status
 
@@ -232,13 +268,12 @@ def layout_function(hypers: PETHypers) -> Callable[..., tuple[torch.Tensor, ...]
         positions: torch.Tensor,
         cell: torch.Tensor,
         species: torch.Tensor,
-        centers: torch.Tensor,
         neighbors: torch.Tensor,
         shifts: torch.Tensor,
         reverse: torch.Tensor,
         slots: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        candidates = Candidates(centers, neighbors, shifts, reverse)
+        candidates = Candidates(neighbors, shifts, reverse)
         layout, status = device_layout(positions, cell, species, candidates, slots, hypers)
         return (*layout, status)
 
@@ -277,27 +312,26 @@ def build_layout(
 ) -> PETLayout:
     """The :class:`PETLayout` of a full neighbour list (pairs within ``hypers.cutoff`` or more).
 
-    ``shape(atoms, width, pool)`` gives the padded sizes (see
-    :func:`fastcalc.pet.padding.padded_shape`); by default none are added. ``cell`` must
-    have no zero vector when pool pairs get padded (see
-    :func:`fastcalc.buckets.padding_cell`). ``species_index`` maps atomic numbers to
-    model type indices (-1: unsupported). Synchronises with the device a few times: for
+    ``shape(atoms, width, pool)`` gives the padded sizes, ``pool`` being the candidate
+    columns (see :func:`fastcalc.pet.padding.padded_shape`); by default none are added.
+    ``cell`` must have no zero vector (see :func:`fastcalc.buckets.padding_cell`), and
+    the model must be given the same. ``species_index`` maps atomic numbers to model
+    type indices (-1: unsupported). Synchronises with the device a few times: for
     repeated evaluations use :func:`device_layout`.
     """
     n = numbers.shape[0]
     device = positions.device
     species = species_of(numbers.to(device), species_index)
-    candidates = prepare_candidates(edge_index.to(device), unit_shifts.to(device), n)
+    candidates = prepare_candidates(edge_index.to(device), unit_shifts.to(device), n, cell, hypers.cutoff)
     width = int(select_edges(positions, cell, candidates, hypers).counts.max()) if n else 0
-    pairs = candidates.centers.shape[0]
-    padded = shape(n, width, pairs)
-    if padded.atoms < n or padded.width < width or padded.pool < pairs:
+    columns = candidates.neighbors.shape[1]
+    padded = shape(n, width, columns)
+    if padded.atoms < n or padded.width < width or padded.pool < columns:
         raise ValueError(f"cannot pad a layout of {n} atoms x {width} slots to {tuple(padded)}")
     extra = padded.atoms - n
     positions = torch.cat([positions, positions.new_zeros(extra, 3)])
     species = torch.cat([species, species.new_zeros(extra)])
-    if padded.pool > pairs:
-        candidates = pad_candidates(candidates, cell, hypers.cutoff, padded.pool)
+    candidates = pad_candidates(candidates, cell, hypers.cutoff, padded.atoms, padded.pool)
     slots = torch.arange(padded.width, device=device)
     layout, status = device_layout(positions, cell, species, candidates, slots, hypers)
     if not bool(status[1]):
@@ -313,8 +347,15 @@ def structure_layout(
     hypers: PETHypers,
     species_index: torch.Tensor,
 ) -> PETLayout:
-    """Neighbour list (fastcalc's, ASE convention) + :func:`build_layout` for one structure."""
+    """Neighbour list (fastcalc's, ASE convention) + :func:`build_layout` for one structure.
+
+    The layout is built for ``padding_cell(cell, hypers.cutoff)``, the cell the model
+    must then be given (as :func:`fastcalc.pet.energy.evaluate` does).
+    """
     positions, cell = positions.detach(), cell.detach()
     pbc = torch.as_tensor(np.asarray(pbc, dtype=bool), device=positions.device)
     edge_index, unit_shifts = neighbor_list(positions, cell, pbc, hypers.cutoff)
-    return build_layout(positions, cell, numbers, edge_index, unit_shifts, hypers, species_index)
+    return build_layout(
+        positions, padding_cell(cell, hypers.cutoff), numbers, edge_index, unit_shifts, hypers,
+        species_index,
+    )

@@ -163,7 +163,7 @@ def test_padded_layout_is_consistent(structure, loaded):
             positions, cell, numbers, edge_index, shifts, metadata.hypers, core.species_index,
             shape=shape,
         )
-        for shape in (exact_shape, lambda atoms, width, pool: PaddedShape(atoms + 5, width + 3, 4096))
+        for shape in (exact_shape, lambda atoms, width, pool: PaddedShape(atoms + 5, width + 3, pool + 7))
     )
     n = len(atoms)
     assert not padded.mask[n:].any()
@@ -173,8 +173,13 @@ def test_padded_layout_is_consistent(structure, loaded):
     assert torch.equal(centres.reshape(-1)[back], padded.neighbors[padded.mask])
     assert torch.equal(padded.neighbors.reshape(-1)[back], centres[padded.mask])
     assert torch.equal(padded.shifts.reshape(-1, 3)[back], -padded.shifts[padded.mask])
-    pool = padded.pool_shifts[len(layout.pool_shifts) :].double() @ cell
-    assert len(padded.pool_centers) == 4096 and (pool.norm(dim=1) > metadata.cutoff).all()
+    real = layout.pool_neighbors.shape[1]
+    assert padded.pool_neighbors.shape == (n + 5, real + 7)
+    torch.testing.assert_close(padded.pool_neighbors[:n, :real], layout.pool_neighbors)
+    extra = torch.ones_like(padded.pool_neighbors, dtype=torch.bool)
+    extra[:n, :real] = False
+    padding = padded.pool_shifts[extra].double() @ cell
+    assert (padding.norm(dim=1) > metadata.cutoff).all()
     torch.testing.assert_close(padded.radii[:n], layout.radii, rtol=1e-14, atol=0)
 
 

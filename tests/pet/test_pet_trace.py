@@ -22,7 +22,7 @@ def test_tracing_refuses_trainable_weights(loaded):
     cell = torch.tensor(atoms.cell.array, dtype=metadata.dtype)
     species = species_of(torch.tensor(atoms.numbers), core.species_index)
     edges = neighbor_list(positions, cell, torch.tensor(atoms.pbc), metadata.cutoff)
-    candidates = prepare_candidates(*edges, len(atoms))
+    candidates = prepare_candidates(*edges, len(atoms), cell, metadata.cutoff)
     trainable = copy.deepcopy(core).requires_grad_(True)
     with pytest.raises(ValueError, match="requires_grad"):
         trace_pet(trainable, graph_inputs(positions, cell, species, candidates, torch.arange(20)))
