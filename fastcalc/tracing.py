@@ -8,7 +8,9 @@ backward pass; ``torch.compile`` then compiles that graph as a whole
 Traps handled here: duck shaping is kept off from tracing until after the first
 compiled call, so equal sizes (say 64 atoms and 64 neighbours) do not get one
 symbol and force a recompile later; profiler ``record_function`` nodes are
-stripped from the graph.
+stripped from the graph; with symbolic sizes, inductor's coalescing analysis for
+tiling (which only tunes how kernels are tiled) is off: it failed an internal
+assertion on PET's graph (torch 2.11, CUDA).
 """
 
 from __future__ import annotations
@@ -82,7 +84,13 @@ class CompiledGraph:
         mode: str | None = None,
     ) -> None:
         self.mode = mode
-        self._compiled = torch.compile(graph_module, dynamic=dynamic, fullgraph=True, mode=mode)
+        # mode="reduce-overhead" is the option triton.cudagraphs; options replace the mode
+        options = {"triton.cudagraphs": mode == "reduce-overhead"}
+        if dynamic:
+            options["triton.coalesce_tiling_analysis"] = False
+        self._compiled = torch.compile(
+            graph_module, dynamic=dynamic, fullgraph=True, options=options
+        )
         self._first_call = True
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
