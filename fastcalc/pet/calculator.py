@@ -5,10 +5,10 @@ pairs are sorted, paired with their reverses and padded to a bucket, and the lay
 width is sized on the current geometry. Every call, one compiled graph (one CUDA graph
 replay) runs the layout stage, which chooses the kept edges on the current geometry
 (adaptive cutoffs solved there) without gradients, and then the model's traced graph:
-network, forces and stress on that layout. Besides the neighbour list's staleness
-check, the host waits for the device once, at the end, to learn whether the layout
-fitted its width; that wait is the single copy of the results to the host, where the
-energy scale and the per-element composition energies are applied in float64.
+network, forces and stress on that layout. The host waits for the device once per
+call, at the end, for the single copy of the results and of the layout's status
+(whether it fitted its width); the energy scale and the per-element composition
+energies are then applied on the host in float64.
 """
 
 from __future__ import annotations
