@@ -7,7 +7,8 @@ import pytest
 import torch
 from ase.neighborlist import neighbor_list
 
-from fastcalc.pet.layout import pair_vectors, structure_layout
+from fastcalc.buckets import padding_cell
+from fastcalc.pet.layout import pad_candidates, pair_vectors, prepare_candidates, structure_layout
 
 from .support import make_structure
 
@@ -74,3 +75,34 @@ def test_energy_ignores_what_fills_the_padding(loaded):
         torch.testing.assert_close(
             core(positions, cell, elsewhere), core(positions, cell, layout), rtol=1e-13, atol=0
         )
+
+
+@pytest.mark.parametrize("structure", ["bulk", "slab", "tiny", "isolated"])
+def test_candidate_rows_hold_each_atoms_pairs_and_their_reverses(structure):
+    """Row i of the padded candidates holds exactly ASE's pairs of centre i; the rest is
+    self-pairs beyond the cutoff; every entry's reverse entry is the reversed pair."""
+    cutoff = 4.0
+    atoms = make_structure(structure)
+    cell = padding_cell(torch.tensor(atoms.cell.array), cutoff)
+    positions = torch.tensor(atoms.positions)
+    i, j, shifts = neighbor_list("ijS", atoms, cutoff)
+    exact = prepare_candidates(
+        torch.tensor(np.stack([i, j])), torch.tensor(shifts), len(atoms), cell, cutoff
+    )
+    n, columns = len(atoms), exact.neighbors.shape[1]
+    grid = pad_candidates(exact, cell, cutoff, n + 3, columns + 5)
+    assert grid.neighbors.shape == (n + 3, columns + 5)
+    rows = torch.arange(n + 3)[:, None].expand_as(grid.neighbors)
+    padded_positions = torch.cat([positions, positions.new_zeros(3, 3)])
+    lengths = pair_vectors(padded_positions, cell, rows, grid.neighbors, grid.shifts).norm(dim=-1)
+    real = lengths < cutoff
+    found = sorted(zip(rows[real].tolist(), grid.neighbors[real].tolist(),
+                       *grid.shifts[real].T.tolist()))
+    assert found == sorted(zip(i.tolist(), j.tolist(), *shifts.T.tolist()))
+    assert torch.equal(grid.neighbors[~real], rows[~real])
+    assert columns == (np.bincount(i, minlength=n).max() if len(i) else 0)
+    back = grid.reverse.reshape(-1)
+    assert torch.equal(back[back], torch.arange(back.numel()))
+    assert torch.equal(rows.reshape(-1)[back], grid.neighbors.reshape(-1))
+    assert torch.equal(grid.shifts.reshape(-1, 3)[back][real.reshape(-1)],
+                       -grid.shifts[real])
