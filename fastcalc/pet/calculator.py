@@ -25,7 +25,7 @@ from ..calculator import InvalidAtomsError, TorchCalculator
 from ..models import resolve_model_path
 from .core import PETCore
 from .energy import apply_reference
-from .layout import Candidates, pad_candidates, prepare_candidates, select_edges
+from .layout import Candidates, sized_candidates
 from .load import PETMetadata, load_pet
 from .padding import WIDTH_STEP, PaddedShape, atom_mask, pad_positions, padded_shape, padded_size
 from .trace import compile_pet, graph_inputs, step_graph
@@ -179,11 +179,9 @@ class CompiledPETCalculator(TorchCalculator):
         search = self.neighbors.searches
         if self._topology is not None and self._topology.search == search:
             return self._topology
-        hypers = self.metadata.hypers
-        candidates = prepare_candidates(edge_index, unit_shifts, len(positions), cell, hypers.cutoff)
-        counts = select_edges(positions, cell, candidates, hypers).counts
-        shape = padded_shape(len(positions), int(counts.max()), candidates.neighbors.shape[1])
-        candidates = pad_candidates(candidates, cell, hypers.cutoff, shape.atoms, shape.pool)
+        candidates, shape = sized_candidates(
+            positions, cell, edge_index, unit_shifts, self.metadata.hypers, padded_shape
+        )
         self._topology = Topology.of(search, candidates, shape, len(positions))
         return self._topology
 

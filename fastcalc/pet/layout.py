@@ -299,6 +299,33 @@ def exact_shape(atoms: int, width: int, pool: int) -> PaddedShape:
 
 
 @torch.no_grad()
+def sized_candidates(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    edge_index: torch.Tensor,
+    unit_shifts: torch.Tensor,
+    hypers: PETHypers,
+    shape: ShapeRule = exact_shape,
+) -> tuple[Candidates, PaddedShape]:
+    """A full neighbour list as :class:`Candidates` padded to ``shape(atoms, width,
+    columns)``, and that padded shape; ``width`` is the largest kept count on this
+    geometry (a narrower padded width gives a truncated layout, which
+    :func:`device_layout`'s status reports). Once per neighbour search: it synchronises
+    with the device a few times.
+
+    ``cell`` must have no zero vector (see :func:`fastcalc.buckets.padding_cell`).
+    """
+    n = positions.shape[0]
+    candidates = prepare_candidates(edge_index, unit_shifts, n, cell, hypers.cutoff)
+    width = int(select_edges(positions, cell, candidates, hypers).counts.max()) if n else 0
+    columns = candidates.neighbors.shape[1]
+    padded = shape(n, width, columns)
+    if padded.atoms < n or padded.pool < columns:
+        raise ValueError(f"cannot pad {n} atoms x {columns} candidates to {tuple(padded)}")
+    return pad_candidates(candidates, cell, hypers.cutoff, padded.atoms, padded.pool), padded
+
+
+@torch.no_grad()
 def build_layout(
     positions: torch.Tensor,
     cell: torch.Tensor,
@@ -322,19 +349,18 @@ def build_layout(
     n = numbers.shape[0]
     device = positions.device
     species = species_of(numbers.to(device), species_index)
-    candidates = prepare_candidates(edge_index.to(device), unit_shifts.to(device), n, cell, hypers.cutoff)
-    width = int(select_edges(positions, cell, candidates, hypers).counts.max()) if n else 0
-    columns = candidates.neighbors.shape[1]
-    padded = shape(n, width, columns)
-    if padded.atoms < n or padded.width < width or padded.pool < columns:
-        raise ValueError(f"cannot pad a layout of {n} atoms x {width} slots to {tuple(padded)}")
+    candidates, padded = sized_candidates(
+        positions, cell, edge_index.to(device), unit_shifts.to(device), hypers, shape
+    )
     extra = padded.atoms - n
     positions = torch.cat([positions, positions.new_zeros(extra, 3)])
     species = torch.cat([species, species.new_zeros(extra)])
-    candidates = pad_candidates(candidates, cell, hypers.cutoff, padded.atoms, padded.pool)
     slots = torch.arange(padded.width, device=device)
     layout, status = device_layout(positions, cell, species, candidates, slots, hypers)
-    if not bool(status[1]):
+    needed, symmetric = status.tolist()
+    if needed > padded.width:
+        raise ValueError(f"cannot pad a layout of {n} atoms x {needed} slots to {tuple(padded)}")
+    if not symmetric:
         raise ValueError("the kept edges are not symmetric")
     return layout
 

@@ -3,8 +3,8 @@
 Three sizes are bucketed: atoms, neighbour slots per atom (the layout width) and
 candidate pairs per atom (the columns of :class:`fastcalc.pet.layout.Candidates`). Each
 is rounded up to a multiple of a granule that grows with the size (at most 1/8 of it),
-so padding costs at most ~12% extra work and every doubling of a size has 8 buckets. What padding adds contributes exactly
-nothing:
+so padding costs at most ~12% extra work and every doubling of a size has 8 buckets.
+What padding adds contributes exactly nothing:
 
 - padded atoms have no neighbours (all slots masked, pointing to themselves), no atom
   has them as a neighbour, and the energy sum leaves them out (``atom_mask``);
