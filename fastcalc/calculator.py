@@ -173,8 +173,8 @@ class TorchCalculator(Calculator):
         numbers = self._on_device("numbers", atoms.numbers, torch.long)
         try:
             search = self.neighbors.candidates if self.takes_candidates else self.neighbors
-            host = HostGeometry(atoms.positions, atoms.cell.array, atoms.pbc)
-            edge_index, unit_shifts = search(positions, cell, pbc, host=host)
+            geometry = HostGeometry(atoms.positions, atoms.cell.array, atoms.pbc)
+            edge_index, unit_shifts = search(positions, cell, pbc, host=geometry)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
         energy, forces, stress = self.evaluate(
