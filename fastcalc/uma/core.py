@@ -27,6 +27,8 @@ so a traced or compiled graph of them stays valid across re-merges;
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -42,7 +44,14 @@ from .layers import (
     mixed_linear,
     radial_mlp,
 )
-from .so3 import WignerFromSamples, coefficient_degrees, edge_frame_rotation, m_major_order
+from .so3 import (
+    WignerFromSamples,
+    coefficient_degrees,
+    edge_frame_rotation,
+    m_major_order,
+    rotate,
+    rotate_back_m0,
+)
 
 # option: (fairchem's default when the config omits it, values we implement)
 _SUPPORTED = {
@@ -75,6 +84,41 @@ def check_supported(backbone: dict) -> None:
         raise ValueError("UMA checkpoint has mmax > lmax")
 
 
+@dataclass
+class EdgeFrames:
+    """Per-edge rotations into the edge frame, and the edge-frame layout.
+
+    ``blocks`` are the Wigner-D blocks of each edge's rotation (see
+    :meth:`WignerFromSamples.blocks`); edge-frame features are in the m-major
+    order of :func:`m_major_order` (``m_major`` indexes degree-major rows,
+    ``degree_major`` indexes m-major rows, where index ``len(m_major)`` stands
+    for a zero row: components with ``|m| > mmax``).
+    """
+
+    blocks: list[torch.Tensor]
+    envelope: torch.Tensor  # (E, 1, 1), exactly 0 beyond the cutoff
+    m_major: torch.Tensor
+    degree_major: torch.Tensor
+
+    def messages(self, x: torch.Tensor, neighbour: torch.Tensor, centre: torch.Tensor):
+        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``."""
+        pairs = torch.cat(
+            (
+                rotate(self.blocks, x[neighbour]),
+                rotate(self.blocks, x[centre]),
+            ),
+            dim=2,
+        )
+        return pairs.index_select(1, self.m_major)
+
+    def to_nodes(self, messages: torch.Tensor) -> torch.Tensor:
+        """Edge-frame messages (E, M, C) back in the node frame, times the envelope."""
+        if messages.shape[1] < self.degree_major.shape[0]:
+            messages = torch.cat((messages, messages.new_zeros(messages[:, :1].shape)), dim=1)
+        node_frame = rotate(self.blocks, messages.index_select(1, self.degree_major), inverse=True)
+        return node_frame * self.envelope
+
+
 class _Block(nn.Module):
     """One eSCN-MD layer: norm, edge-wise SO(2) message passing, norm, atom-wise FFN."""
 
@@ -93,15 +137,13 @@ class _Block(nn.Module):
         self.norm_2 = RMSNormSH(weights, f"{prefix}norm_2.", lmax)
         self.feed_forward = SpectralFeedForward(weights, f"{prefix}atom_wise.", lmax, hidden)
 
-    def forward(self, x, system, edge_features, centre, neighbour, to_edge, from_edge):
+    def forward(self, x, system, edge_features, centre, neighbour, frames: EdgeFrames):
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        pairs = torch.cat((x.index_select(0, neighbour), x.index_select(0, centre)), dim=2)
-        messages = torch.bmm(to_edge, pairs)
-        messages, gates = self.conv_1(messages, edge_features)
+        messages, gates = self.conv_1(frames.messages(x, neighbour, centre), edge_features)
         messages, _ = self.conv_2(self.gate(gates, messages))
-        x = residual.index_add(0, centre, torch.bmm(from_edge, messages))
+        x = residual.index_add(0, centre, frames.to_nodes(messages))
         return x + self.feed_forward(self.norm_2(x))
 
 
@@ -147,8 +189,10 @@ class UMACore(nn.Module):
             else None
         )
         self.wigner = WignerFromSamples(self.lmax)
-        order = torch.tensor(m_major_order(self.lmax, self.mmax))
-        self.register_buffer("edge_order", order, persistent=False)
+        order = m_major_order(self.lmax, self.mmax)
+        inverse = [order.index(k) if k in order else len(order) for k in range((self.lmax + 1) ** 2)]
+        self.register_buffer("m_major", torch.tensor(order), persistent=False)
+        self.register_buffer("degree_major", torch.tensor(inverse), persistent=False)
         self.register_buffer("system", torch.zeros(self.channels, dtype=torch.float64))
         self._build_head(checkpoint)
         self.to(dtype)
@@ -249,10 +293,12 @@ class UMACore(nn.Module):
             padding = vectors.new_full((3,), self.cutoff)  # length sqrt(3) * cutoff
             vectors = torch.where(edge_mask.unsqueeze(-1), vectors, padding)
         lengths = torch.linalg.vector_norm(vectors, dim=-1)
-        rotation = self.wigner(edge_frame_rotation(vectors / lengths.unsqueeze(-1)))
-        to_edge = rotation[:, self.edge_order, :]
-        envelope = self._envelope(lengths).view(-1, 1, 1)
-        from_edge = rotation.transpose(1, 2)[:, :, self.edge_order] * envelope
+        frames = EdgeFrames(
+            blocks=self.wigner.blocks(edge_frame_rotation(vectors / lengths.unsqueeze(-1))),
+            envelope=self._envelope(lengths).view(-1, 1, 1),
+            m_major=self.m_major,
+            degree_major=self.degree_major,
+        )
 
         distance = lengths.unsqueeze(-1) - self.basis_offsets
         edge_features = torch.cat(
@@ -263,9 +309,9 @@ class UMACore(nn.Module):
             ),
             dim=1,
         )
-        x = self._initial_features(numbers, edge_features, centre, from_edge)
+        x = self._initial_features(numbers, edge_features, centre, frames)
         for block in self.blocks:
-            x = block(x, self.system, edge_features, centre, neighbour, to_edge, from_edge)
+            x = block(x, self.system, edge_features, centre, neighbour, frames)
         x = self.final_norm(x)
         atom_energy = x[:, 0]
         for index, layer in enumerate(self.head):
@@ -281,14 +327,14 @@ class UMACore(nn.Module):
         value = 1 + d**p * (-(p + 1) * (p + 2) / 2 + d * (p * (p + 2) - p * (p + 1) / 2 * d))
         return torch.where(d < 1, value, torch.zeros_like(value))
 
-    def _initial_features(self, numbers, edge_features, centre, from_edge) -> torch.Tensor:
+    def _initial_features(self, numbers, edge_features, centre, frames) -> torch.Tensor:
         """Element + system embedding on l=0, plus the edge-degree embedding."""
         atoms = numbers.shape[0]
         scalar = (self.element_embedding[numbers] + self.system).unsqueeze(1)
         rest = scalar.new_zeros(atoms, (self.lmax + 1) ** 2 - 1, self.channels)
         x = torch.cat((scalar, rest), dim=1)
         radial = self.edge_degree(edge_features).unflatten(1, (self.lmax + 1, self.channels))
-        degree = torch.bmm(from_edge[:, :, : self.lmax + 1], radial) / _EDGE_DEGREE_RESCALE
+        degree = rotate_back_m0(frames.blocks, radial) * (frames.envelope / _EDGE_DEGREE_RESCALE)
         return x.index_add(0, centre, degree)
 
     # ---------------------------------------------------------------- outputs

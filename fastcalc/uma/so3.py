@@ -135,16 +135,60 @@ class WignerFromSamples(torch.nn.Module):
         self.register_buffer("points", points)
         self.register_buffer("pinv", blocks)
 
-    def forward(self, rot: torch.Tensor) -> torch.Tensor:
-        """``rot`` (E, 3, 3) -> D (E, (lmax+1)^2, (lmax+1)^2)."""
+    def blocks(self, rot: torch.Tensor) -> list[torch.Tensor]:
+        """``rot`` (E, 3, 3) -> one Wigner-D block (E, 2l+1, 2l+1) per degree ``l``."""
         moved = torch.einsum("eab,pb->epa", rot, self.points.to(rot.dtype))
         values = real_spherical_harmonics(self.lmax, moved)  # (E, P, size)
         pinv = self.pinv.to(rot.dtype)
-        out = rot.new_zeros(rot.shape[0], values.shape[-1], values.shape[-1])
-        for degree in range(self.lmax + 1):
-            sl = slice(degree * degree, (degree + 1) ** 2)
-            out[:, sl, sl] = torch.einsum("kp,epn->ekn", pinv[sl], values[:, :, sl]).transpose(1, 2)
+        return [
+            torch.einsum("kp,epn->enk", pinv[_degree_slice(l)], values[:, :, _degree_slice(l)])
+            for l in range(self.lmax + 1)
+        ]
+
+    def forward(self, rot: torch.Tensor) -> torch.Tensor:
+        """``rot`` (E, 3, 3) -> D (E, (lmax+1)^2, (lmax+1)^2), block diagonal."""
+        size = (self.lmax + 1) ** 2
+        out = rot.new_zeros(rot.shape[0], size, size)
+        for degree, block in enumerate(self.blocks(rot)):
+            sl = _degree_slice(degree)
+            out[:, sl, sl] = block
         return out
+
+
+def _degree_slice(degree: int) -> slice:
+    return slice(degree * degree, (degree + 1) ** 2)
+
+
+def rotate(blocks: list[torch.Tensor], x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate degree-major features ``x`` (E, (lmax+1)^2, C) by per-edge Wigner blocks
+    (``D x``, or ``D^T x`` with ``inverse``).
+
+    The degree-0 block of a rotation is exactly 1, so it is not applied. Each
+    degree is a broadcast product summed over one axis instead of a batched
+    matrix product: the work is memory bound either way, and written so a
+    compiler fuses it with the gather that produces ``x`` or the product that
+    consumes it, saving full passes over the edge features (eagerly it
+    materialises the (E, 2l+1, 2l+1, C) product).
+    """
+    out = [x[:, :1]]
+    for degree in range(1, len(blocks)):
+        block = blocks[degree].transpose(1, 2) if inverse else blocks[degree]
+        part = x[:, _degree_slice(degree)]
+        out.append((block.unsqueeze(-1) * part.unsqueeze(1)).sum(dim=2))
+    return torch.cat(out, dim=1)
+
+
+def rotate_back_m0(blocks: list[torch.Tensor], m0: torch.Tensor) -> torch.Tensor:
+    """``D^T`` applied to edge-frame features that are zero except for ``m = 0``.
+
+    ``m0`` (E, lmax+1, C) holds the ``m = 0`` component of each degree; the
+    result is degree-major (E, (lmax+1)^2, C): row ``m = 0`` of each block,
+    scaled by that component.
+    """
+    out = [m0[:, :1]]
+    for degree in range(1, len(blocks)):
+        out.append(blocks[degree][:, degree, :, None] * m0[:, degree, None])
+    return torch.cat(out, dim=1)
 
 
 def m_major_order(lmax: int, mmax: int) -> list[int]:
