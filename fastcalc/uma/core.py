@@ -27,8 +27,6 @@ so a traced or compiled graph of them stays valid across re-merges;
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -84,29 +82,35 @@ def check_supported(backbone: dict) -> None:
         raise ValueError("UMA checkpoint has mmax > lmax")
 
 
-@dataclass
 class EdgeFrames:
-    """Per-edge rotations into the edge frame, and the edge-frame layout.
+    """Per-edge rotations into the edge frame and back, and the edge-frame layout.
 
-    ``blocks`` are the Wigner-D blocks of each edge's rotation (see
-    :meth:`WignerFromSamples.blocks`); edge-frame features are in the m-major
-    order of :func:`m_major_order` (``m_major`` indexes degree-major rows,
-    ``degree_major`` indexes m-major rows, where index ``len(m_major)`` stands
-    for a zero row: components with ``|m| > mmax``).
+    Built from the Wigner-D blocks of each edge's rotation (see
+    :meth:`WignerFromSamples.blocks`) and the envelope (E, 1, 1), which is
+    folded into the blocks of the way back: scaling those small blocks, rather
+    than the rotated messages, keeps the messages out of what the backward pass
+    must hold. Edge-frame features are in the m-major order of
+    :func:`m_major_order` (``m_major`` indexes degree-major rows, ``degree_major``
+    indexes m-major rows, where index ``len(m_major)`` stands for a zero row:
+    components with ``|m| > mmax``).
     """
 
-    blocks: list[torch.Tensor]
-    envelope: torch.Tensor  # (E, 1, 1), exactly 0 beyond the cutoff
-    m_major: torch.Tensor
-    degree_major: torch.Tensor
+    def __init__(
+        self,
+        blocks: list[torch.Tensor],
+        envelope: torch.Tensor,
+        m_major: torch.Tensor,
+        degree_major: torch.Tensor,
+    ) -> None:
+        self.forward_blocks = [None, *blocks[1:]]
+        self.back_blocks = [envelope, *(block.transpose(1, 2) * envelope for block in blocks[1:])]
+        self.m_major = m_major
+        self.degree_major = degree_major
 
     def messages(self, x: torch.Tensor, neighbour: torch.Tensor, centre: torch.Tensor):
         """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``."""
         pairs = torch.cat(
-            (
-                rotate(self.blocks, x[neighbour]),
-                rotate(self.blocks, x[centre]),
-            ),
+            (rotate(self.forward_blocks, x[neighbour]), rotate(self.forward_blocks, x[centre])),
             dim=2,
         )
         return pairs.index_select(1, self.m_major)
@@ -115,8 +119,12 @@ class EdgeFrames:
         """Edge-frame messages (E, M, C) back in the node frame, times the envelope."""
         if messages.shape[1] < self.degree_major.shape[0]:
             messages = torch.cat((messages, messages.new_zeros(messages[:, :1].shape)), dim=1)
-        node_frame = rotate(self.blocks, messages.index_select(1, self.degree_major), inverse=True)
-        return node_frame * self.envelope
+        return rotate(self.back_blocks, messages.index_select(1, self.degree_major))
+
+    def m0_to_nodes(self, m0: torch.Tensor) -> torch.Tensor:
+        """Messages with only ``m = 0`` components (E, lmax+1, C), back in the node frame,
+        times the envelope."""
+        return rotate_back_m0(self.back_blocks, m0)
 
 
 class _Block(nn.Module):
@@ -334,7 +342,7 @@ class UMACore(nn.Module):
         rest = scalar.new_zeros(atoms, (self.lmax + 1) ** 2 - 1, self.channels)
         x = torch.cat((scalar, rest), dim=1)
         radial = self.edge_degree(edge_features).unflatten(1, (self.lmax + 1, self.channels))
-        degree = rotate_back_m0(frames.blocks, radial) * (frames.envelope / _EDGE_DEGREE_RESCALE)
+        degree = frames.m0_to_nodes(radial) / _EDGE_DEGREE_RESCALE
         return x.index_add(0, centre, degree)
 
     # ---------------------------------------------------------------- outputs

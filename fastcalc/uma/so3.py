@@ -159,36 +159,36 @@ def _degree_slice(degree: int) -> slice:
     return slice(degree * degree, (degree + 1) ** 2)
 
 
-def rotate(blocks: list[torch.Tensor], x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Rotate degree-major features ``x`` (E, (lmax+1)^2, C) by per-edge Wigner blocks
-    (``D x``, or ``D^T x`` with ``inverse``).
+def rotate(blocks: list[torch.Tensor | None], x: torch.Tensor) -> torch.Tensor:
+    """Block-diagonal map of degree-major features ``x`` (E, (lmax+1)^2, C).
 
-    The degree-0 block of a rotation is exactly 1, so it is not applied. Each
-    degree is a broadcast product summed over one axis instead of a batched
-    matrix product: the work is memory bound either way, and written so a
-    compiler fuses it with the gather that produces ``x`` or the product that
-    consumes it, saving full passes over the edge features (eagerly it
-    materialises the (E, 2l+1, 2l+1, C) product).
+    ``blocks[l]`` (E, 2l+1, 2l+1) acts on degree ``l``; ``None`` stands for the
+    identity (a rotation's degree-0 block is exactly 1). Each degree is a
+    broadcast product summed over one axis instead of a batched matrix product:
+    the work is memory bound either way, and written so a compiler fuses it with
+    the gather that produces ``x`` or the product that consumes it, saving full
+    passes over the edge features (eagerly it materialises the (E, 2l+1, 2l+1, C)
+    product).
     """
-    out = [x[:, :1]]
-    for degree in range(1, len(blocks)):
-        block = blocks[degree].transpose(1, 2) if inverse else blocks[degree]
+    out = []
+    for degree, block in enumerate(blocks):
         part = x[:, _degree_slice(degree)]
-        out.append((block.unsqueeze(-1) * part.unsqueeze(1)).sum(dim=2))
+        out.append(part if block is None else (block.unsqueeze(-1) * part.unsqueeze(1)).sum(dim=2))
     return torch.cat(out, dim=1)
 
 
-def rotate_back_m0(blocks: list[torch.Tensor], m0: torch.Tensor) -> torch.Tensor:
-    """``D^T`` applied to edge-frame features that are zero except for ``m = 0``.
+def rotate_back_m0(inverse_blocks: list[torch.Tensor], m0: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate` by ``inverse_blocks`` (say ``D^T``) of edge-frame features that
+    are zero except for ``m = 0``.
 
     ``m0`` (E, lmax+1, C) holds the ``m = 0`` component of each degree; the
-    result is degree-major (E, (lmax+1)^2, C): row ``m = 0`` of each block,
-    scaled by that component.
+    result is degree-major (E, (lmax+1)^2, C): the ``m = 0`` column of each
+    block, scaled by that component.
     """
-    out = [m0[:, :1]]
-    for degree in range(1, len(blocks)):
-        out.append(blocks[degree][:, degree, :, None] * m0[:, degree, None])
-    return torch.cat(out, dim=1)
+    return torch.cat(
+        [block[:, :, degree, None] * m0[:, degree, None] for degree, block in enumerate(inverse_blocks)],
+        dim=1,
+    )
 
 
 def m_major_order(lmax: int, mmax: int) -> list[int]:

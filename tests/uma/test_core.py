@@ -186,25 +186,24 @@ def e3nn_float64(function):
 
 
 def test_per_degree_rotation_equals_the_wigner_matrix_product():
-    """``rotate`` (block by block) gives ``D x`` and ``D^T x`` of the dense Wigner matrix
-    (itself checked against e3nn below); ``rotate_back_m0`` gives ``D^T x`` for ``x`` zero
-    except at m = 0."""
+    """``rotate`` (block by block, ``None`` for the identity) gives ``D x`` and, with the
+    transposed blocks, ``D^T x`` of the dense Wigner matrix (itself checked against e3nn
+    below); ``rotate_back_m0`` gives ``D^T x`` for ``x`` zero except at m = 0."""
     lmax = 3
     wigner = WignerFromSamples(lmax)
     gen = torch.Generator().manual_seed(3)
     rotations = torch.stack([random_rotation(gen) for _ in range(4)])
     dense, blocks = wigner(rotations), wigner.blocks(rotations)
+    inverse = [block.transpose(1, 2) for block in blocks]
     x = torch.randn(4, (lmax + 1) ** 2, 5, dtype=torch.float64, generator=gen)
-    torch.testing.assert_close(rotate(blocks, x), dense @ x, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(
-        rotate(blocks, x, inverse=True), dense.transpose(1, 2) @ x, rtol=1e-12, atol=1e-12
-    )
+    close = dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rotate(blocks, x), dense @ x, **close)
+    torch.testing.assert_close(rotate([None, *blocks[1:]], x), dense @ x, **close)
+    torch.testing.assert_close(rotate(inverse, x), dense.transpose(1, 2) @ x, **close)
     m0 = torch.randn(4, lmax + 1, 5, dtype=torch.float64, generator=gen)
     sparse = torch.zeros_like(x)
     sparse[:, [l * l + l for l in range(lmax + 1)]] = m0
-    torch.testing.assert_close(
-        rotate_back_m0(blocks, m0), dense.transpose(1, 2) @ sparse, rtol=1e-12, atol=1e-12
-    )
+    torch.testing.assert_close(rotate_back_m0(inverse, m0), dense.transpose(1, 2) @ sparse, **close)
 
 
 def test_wigner_matches_e3nn_and_group_law():
