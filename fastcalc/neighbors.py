@@ -58,13 +58,14 @@ def _search(
     system_index: torch.Tensor | None,
     width: int,
     max_neighbors: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The search behind :func:`neighbor_list`; also returns the matrix width it needed."""
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The search behind :func:`neighbor_list`; also returns the matrix width it used and
+    the most neighbours any one atom has."""
     n_atoms = positions.shape[0]
     device = positions.device
     if n_atoms == 0:
         empty = torch.zeros((2, 0), dtype=torch.long, device=device)
-        return empty, empty.new_zeros((0, 3)), width
+        return empty, empty.new_zeros((0, 3)), width, 0
     batched = cell.ndim == 3
     cells = cell if batched else cell.unsqueeze(0)
     pbcs = (pbc if batched else pbc.unsqueeze(0)).to(device=device, dtype=torch.bool)
@@ -99,7 +100,7 @@ def _search(
     real = torch.arange(matrix.shape[1], device=device) < counts.unsqueeze(1)
     centres = torch.arange(n_atoms, device=device).unsqueeze(1).expand_as(matrix)
     edge_index = torch.stack([centres[real], matrix[real].long()])
-    return edge_index, shifts[real].long(), width
+    return edge_index, shifts[real].long(), width, needed
 
 
 def _search_cells(
@@ -189,6 +190,9 @@ class VerletNeighborList:
         self.skin = float(skin)
         self.max_neighbors = max_neighbors
         self.searches = 0
+        #: The most candidates any one atom has in the stored search (an upper bound on
+        #: its pairs within the cutoff until the next search).
+        self.most_candidates = 0
         self._width = _INITIAL_WIDTH
         # (positions, cell, pbc, system_index) of the stored search
         self._searched: tuple[torch.Tensor, ...] | None = None
@@ -229,7 +233,7 @@ class VerletNeighborList:
         positions = positions.detach()
         cell = cell.detach()
         if self._needs_search(positions, cell, pbc, system_index, host):
-            edge_index, shifts, self._width = _search(
+            edge_index, shifts, self._width, self.most_candidates = _search(
                 positions,
                 cell,
                 pbc,

@@ -36,6 +36,13 @@ def test_small_moves_reuse_the_search_and_stay_exact():
     assert nl.searches == 1
 
 
+def test_most_candidates_is_the_largest_count_of_pairs_within_cutoff_plus_skin():
+    atoms, nl = crystal(), VerletNeighborList(CUTOFF, SKIN)
+    edges(nl, atoms)
+    centres = ase_neighbor_list("i", atoms, CUTOFF + SKIN)
+    assert nl.most_candidates == np.bincount(centres).max()
+
+
 def test_a_move_beyond_half_the_skin_searches_again():
     atoms, nl = crystal(), VerletNeighborList(CUTOFF, SKIN)
     edges(nl, atoms)

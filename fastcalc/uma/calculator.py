@@ -147,11 +147,13 @@ class BucketedCalculator(TorchCalculator):
     def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
         charge, spin = charge_and_spin(self.atoms.info, self.task_name)
         self.core.prepare(torch.from_numpy(self.atoms.numbers), charge, spin)  # host: no sync
-        with torch.no_grad():
-            lengths = edge_vectors(positions, cell, edge_index, unit_shifts).square().sum(-1)
-            edge_index, unit_shifts = apply_neighbor_limit(
-                edge_index, unit_shifts, lengths, len(numbers), self.core.max_neighbors
-            )
+        limit = self.core.max_neighbors
+        if 0 < limit < self.neighbors.most_candidates:  # else no atom can exceed it: skip
+            with torch.no_grad():
+                lengths = edge_vectors(positions, cell, edge_index, unit_shifts).square().sum(-1)
+                edge_index, unit_shifts = apply_neighbor_limit(
+                    edge_index, unit_shifts, lengths, len(numbers), limit
+                )
         edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
         inputs = (positions, cell, numbers, edges.edge_index, edges.unit_shifts, edges.edge_mask)
         run = self.core.energy_and_gradients if self._graphs is None else self._graphs
