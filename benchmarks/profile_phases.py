@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from ase.calculators.calculator import Calculator, all_changes
+from torch.autograd import DeviceType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -79,8 +80,35 @@ def kernels(calc: Calculator, natoms: int) -> None:
     with torch.profiler.profile() as prof:
         for _ in range(3):
             _call(calc, atoms)
-    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
+    events = prof.key_averages()
+    table = events.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
     print(f"\n== {natoms} atoms, kernels of 3 calls\n{table}")
+    print(kernel_summary(events, calls=3))
+
+
+_MATMUL_KERNELS = ("gemm", "xmma", "magma", "cutlass")
+
+
+def kernel_summary(events, calls: int) -> str:
+    """Device time and kernel count per call, by family: matrix products (cuBLAS and
+    cutlass kernels), compiler-generated (triton) and other kernels."""
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for event in events:
+        if event.device_type != DeviceType.CUDA:
+            continue
+        if any(part in event.key for part in _MATMUL_KERNELS):
+            family = "matrix products"
+        elif event.key.startswith("triton_"):
+            family = "triton"
+        else:
+            family = "other"
+        totals[family][0] += event.self_device_time_total / calls / 1e3
+        totals[family][1] += event.count / calls
+    lines = [f"  {name:16s} {ms:8.2f} ms/call {count:6.0f} kernels/call"
+             for name, (ms, count) in sorted(totals.items())]
+    all_ms, all_count = sum(v[0] for v in totals.values()), sum(v[1] for v in totals.values())
+    return "\n".join(["per call, by kernel family:", *lines,
+                      f"  {'all':16s} {all_ms:8.2f} ms/call {all_count:6.0f} kernels/call"])
 
 
 def profile(calc: Calculator, timer: PhaseTimer, natoms: int, calls: int) -> None:
