@@ -157,5 +157,8 @@ class BucketedCalculator(TorchCalculator):
         edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
         inputs = (positions, cell, numbers, edges.edge_index, edges.unit_shifts, edges.edge_mask)
         run = self.core.energy_and_gradients if self._graphs is None else self._graphs
-        out = self.core.outputs(*run(*inputs), compute_stress)
+        raw = [output.detach().reshape(-1).to(torch.float64) for output in run(*inputs)]
+        # one wait for the device; normalisers and element references apply on the host
+        energy, forces, stress = torch.cat(raw).cpu().split([1, len(numbers) * 3, 9])
+        out = self.core.outputs(energy[0], forces.view(-1, 3), stress.view(3, 3), compute_stress)
         return out["energy"], out["forces"], out.get("stress")

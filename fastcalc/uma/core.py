@@ -271,7 +271,7 @@ class UMACore(nn.Module):
             torch.zeros((), dtype=torch.float64)
             if references is None
             else (references[species] * counts).sum()  # float64 on the CPU, like fairchem's
-        ).to(self.system.device)
+        )
         system = self.system_embedding(int(charge), int(spin), self._task.name)
         self.system.copy_(system)
         if self.router is not None:
