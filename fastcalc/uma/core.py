@@ -107,7 +107,9 @@ class EdgeFrames:
         self.m_major = m_major
         self.degree_major = degree_major
 
-    def messages(self, x: torch.Tensor, neighbour: torch.Tensor, centre: torch.Tensor):
+    def messages(
+        self, x: torch.Tensor, neighbour: torch.Tensor, centre: torch.Tensor
+    ) -> torch.Tensor:
         """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``."""
         pairs = torch.cat(
             (rotate(self.forward_blocks, x[neighbour]), rotate(self.forward_blocks, x[centre])),
