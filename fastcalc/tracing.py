@@ -15,6 +15,7 @@ assertion on PET's graph (torch 2.11, CUDA).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 
 import torch
@@ -60,9 +61,7 @@ def mark_static_weights(graph_module: torch.fx.GraphModule) -> None:
     copying it every call; in-place updates of those tensors still reach the graph."""
     for node in graph_module.graph.nodes:
         if node.op == "get_attr":
-            value = graph_module
-            for name in node.target.split("."):
-                value = getattr(value, name)
+            value = operator.attrgetter(node.target)(graph_module)
             if isinstance(value, torch.Tensor):
                 torch._dynamo.mark_static_address(value)
 

@@ -320,8 +320,6 @@ def sized_candidates(
     width = int(select_edges(positions, cell, candidates, hypers).counts.max()) if n else 0
     columns = candidates.neighbors.shape[1]
     padded = shape(n, width, columns)
-    if padded.atoms < n or padded.pool < columns:
-        raise ValueError(f"cannot pad {n} atoms x {columns} candidates to {tuple(padded)}")
     return pad_candidates(candidates, cell, hypers.cutoff, padded.atoms, padded.pool), padded
 
 
