@@ -200,7 +200,8 @@ class UMACore(nn.Module):
         )
         self.wigner = WignerFromSamples(self.lmax)
         order = m_major_order(self.lmax, self.mmax)
-        inverse = [order.index(k) if k in order else len(order) for k in range((self.lmax + 1) ** 2)]
+        size = (self.lmax + 1) ** 2
+        inverse = [order.index(k) if k in order else len(order) for k in range(size)]
         self.register_buffer("m_major", torch.tensor(order), persistent=False)
         self.register_buffer("degree_major", torch.tensor(inverse), persistent=False)
         self.register_buffer("system", torch.zeros(self.channels, dtype=torch.float64))

@@ -186,8 +186,7 @@ def rotate_back_m0(inverse_blocks: list[torch.Tensor], m0: torch.Tensor) -> torc
     block, scaled by that component.
     """
     return torch.cat(
-        [block[:, :, degree, None] * m0[:, degree, None] for degree, block in enumerate(inverse_blocks)],
-        dim=1,
+        [block[:, :, l, None] * m0[:, l, None] for l, block in enumerate(inverse_blocks)], dim=1
     )
 
 

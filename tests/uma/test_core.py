@@ -185,15 +185,21 @@ def e3nn_float64(function):
         torch.set_default_dtype(previous)
 
 
-def test_per_degree_rotation_equals_the_wigner_matrix_product():
+def test_per_degree_rotation_equals_e3nn_wigner_matrix_product():
     """``rotate`` (block by block, ``None`` for the identity) gives ``D x`` and, with the
-    transposed blocks, ``D^T x`` of the dense Wigner matrix (itself checked against e3nn
-    below); ``rotate_back_m0`` gives ``D^T x`` for ``x`` zero except at m = 0."""
+    transposed blocks, ``D^T x`` for e3nn's Wigner matrix ``D``; ``rotate_back_m0`` gives
+    ``D^T x`` for ``x`` zero except at m = 0."""
+    o3 = pytest.importorskip("e3nn.o3")
     lmax = 3
     wigner = WignerFromSamples(lmax)
     gen = torch.Generator().manual_seed(3)
     rotations = torch.stack([random_rotation(gen) for _ in range(4)])
-    dense, blocks = wigner(rotations), wigner.blocks(rotations)
+    degrees = range(lmax + 1)
+    dense = torch.stack([
+        torch.block_diag(*(e3nn_float64(lambda: o3.Irrep(l, 1).D_from_matrix(r)) for l in degrees))
+        for r in rotations
+    ])
+    blocks = wigner.blocks(rotations)
     inverse = [block.transpose(1, 2) for block in blocks]
     x = torch.randn(4, (lmax + 1) ** 2, 5, dtype=torch.float64, generator=gen)
     close = dict(rtol=1e-12, atol=1e-12)
