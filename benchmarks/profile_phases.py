@@ -166,6 +166,7 @@ def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
 
 
 def uma(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
+    import fastcalc.neighbors as neighbors
     import fastcalc.uma.calculator as module
 
     path = Path(tempfile.mkdtemp()) / "uma-s.pt"
@@ -174,7 +175,8 @@ def uma(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
         path, task_name="omat", device=device, compile_mode=mode or "reduce-overhead"
     )
     timer = PhaseTimer()
-    calc.neighbors = timer.wrap("neighbors", calc.neighbors)
+    timer.patch(calc.neighbors, "candidates", "neighbors")
+    timer.patch(neighbors, "_within", "within cutoff")
     for name in ("charge_and_spin", "edge_vectors", "apply_neighbor_limit", "pad_edges"):
         timer.patch(module, name)
     timer.patch(calc.core, "prepare")
