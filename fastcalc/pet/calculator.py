@@ -145,6 +145,11 @@ class CompiledPETCalculator(TorchCalculator):
             _warned_cpu_compile = True
         return "default"
 
+    @property
+    def cuda_graphs(self) -> int:
+        """CUDA graphs recorded so far, one per padded shape (0 without CUDA graphs)."""
+        return getattr(self._graph, "count", 0)
+
     def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
         changes = super().check_state(atoms, tol)
         if self.atoms is not None and self.atoms.info.get("spin_multiplicity") != atoms.info.get(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..tracing import CompiledGraph, mark_static_weights, trace
+from ..tracing import CapturedGraphs, CompiledGraph, trace
 from .core import PETCore
 from .energy import energy_and_derivatives
 from .layout import Candidates, PETLayout, layout_function
@@ -111,13 +111,15 @@ def trace_pet(core: PETCore, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphMo
 
 def compile_pet(
     core: PETCore, inputs: Sequence[torch.Tensor], mode: str | None = None
-) -> CompiledGraph:
-    """``torch.compile(dynamic=True, fullgraph=True, mode=mode)`` of :func:`trace_pet`'s graph.
+) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """``torch.compile(dynamic=True, fullgraph=True)`` of :func:`trace_pet`'s graph.
 
-    Under ``mode="reduce-overhead"`` the weights are marked as static addresses, so
-    CUDA graph replays read them in place instead of copying them every call.
+    ``mode="reduce-overhead"`` (CUDA) replays it from CUDA graphs recorded by
+    :class:`fastcalc.tracing.CapturedGraphs`, one per padded shape, rather than
+    through ``torch.compile``'s own CUDA graphs: a replay then skips the compiled
+    function's guards and input copies. Its outputs are overwritten by the next call.
     """
     graph_module = trace_pet(core, inputs)
     if mode == "reduce-overhead":
-        mark_static_weights(graph_module)
+        return CapturedGraphs(CompiledGraph(graph_module, dynamic=True))
     return CompiledGraph(graph_module, dynamic=True, mode=mode)

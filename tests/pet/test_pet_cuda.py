@@ -102,9 +102,10 @@ def test_compiled_matches_eager_and_upstream_over_repeated_sizes(model, compiled
 def test_returning_to_a_bucket_reuses_its_graph(model, compiled):
     results(compiled, SIZES["bulk"]())
     results(compiled, SIZES["bulk x4"]())
-    before = graphs()
+    before, recorded = graphs(), compiled.cuda_graphs
     back = results(compiled, SIZES["bulk"]())
     assert graphs() == before
+    assert compiled.cuda_graphs == recorded
     assert_close(back, upstream(upstream_calculator(model), SIZES["bulk"]()))
 
 
