@@ -90,9 +90,11 @@ class CompiledPETCalculator(TorchCalculator):
     (``atoms.info["spin_multiplicity"]`` or ``atoms.info["spin"]``); others ignore them.
 
     ``compile=True`` traces energy, forces and stress into one graph at the first call
-    and compiles it with ``torch.compile(dynamic=True)``; ``compile_mode`` is its mode:
-    ``None`` means ``"reduce-overhead"`` (CUDA graphs) on CUDA and ``"default"``
-    elsewhere (CUDA graphs need CUDA). ``compile=False`` runs the same padded inputs
+    and compiles it with ``torch.compile(dynamic=True)``. ``compile_mode``: ``None`` means
+    ``"reduce-overhead"`` on CUDA and ``"default"`` elsewhere; ``"reduce-overhead"``
+    (CUDA only) replays a CUDA graph recorded per padded shape
+    (:class:`fastcalc.tracing.CapturedGraphs`), ``"default"`` calls the compiled graph
+    without CUDA graphs. ``compile=False`` runs the same padded inputs
     through the core eagerly. Other keyword arguments go to
     :class:`fastcalc.calculator.TorchCalculator` (``skin``, ``max_neighbors``, ...).
     """
