@@ -46,8 +46,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-def check_atoms(atoms: Atoms, supported_numbers: Collection[int] | None) -> None:
-    """Raise :class:`InvalidAtomsError` naming what makes ``atoms`` unusable."""
+def check_positions(atoms: Atoms) -> None:
+    """Raise :class:`InvalidAtomsError` if ``atoms`` is empty or a position is not finite."""
     if len(atoms) == 0:
         raise InvalidAtomsError("the Atoms object is empty: there is nothing to compute")
     bad = ~np.isfinite(atoms.positions).all(axis=1)
@@ -55,6 +55,11 @@ def check_atoms(atoms: Atoms, supported_numbers: Collection[int] | None) -> None
         raise InvalidAtomsError(
             f"positions of atoms {np.flatnonzero(bad)[:10].tolist()} are NaN or infinite"
         )
+
+
+def check_structure(atoms: Atoms, supported_numbers: Collection[int] | None) -> None:
+    """Raise :class:`InvalidAtomsError` naming what makes the cell, ``pbc`` or the elements
+    of ``atoms`` unusable."""
     cell = atoms.cell.array
     if not np.isfinite(cell).all():
         raise InvalidAtomsError(f"the cell has NaN or infinite entries: {cell.tolist()}")
@@ -112,6 +117,7 @@ class TorchCalculator(Calculator):
         self.dtype = _DTYPES[dtype]
         self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
+        self._checked: tuple[np.ndarray, ...] | None = None
 
     def evaluate(
         self,
@@ -145,6 +151,15 @@ class TorchCalculator(Calculator):
             self._device_copies[name] = (host, device)
         return device
 
+    def _check_structure(self, atoms: Atoms) -> None:
+        """:func:`check_structure`, skipped while numbers, cell and pbc equal those of the
+        last structure that passed (an MD step changes only positions)."""
+        key = (atoms.numbers, atoms.cell.array, atoms.pbc)
+        if self._checked is not None and all(map(np.array_equal, key, self._checked)):
+            return
+        check_structure(atoms, self.supported_numbers)
+        self._checked = tuple(np.array(array, copy=True) for array in key)
+
     def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
         changes = super().check_state(atoms, tol)
         if self.atoms is not None and any(
@@ -161,7 +176,8 @@ class TorchCalculator(Calculator):
     ) -> None:
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms
-        check_atoms(atoms, self.supported_numbers)
+        check_positions(atoms)
+        self._check_structure(atoms)
         periodic = bool(atoms.pbc.all())
         if "stress" in properties and not periodic:
             raise PropertyNotImplementedError(
@@ -177,8 +193,10 @@ class TorchCalculator(Calculator):
             edge_index, unit_shifts = search(positions, cell, pbc, host=geometry)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
+        if (np.linalg.norm(atoms.cell.array, axis=1) == 0).any():
+            cell = padding_cell(cell, self.cutoff)  # else it would return the same cell
         energy, forces, stress = self.evaluate(
-            positions, padding_cell(cell, self.cutoff), numbers, edge_index, unit_shifts, periodic
+            positions, cell, numbers, edge_index, unit_shifts, periodic
         )
         parts = [energy.reshape(1), forces.reshape(-1)]
         if stress is not None:

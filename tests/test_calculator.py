@@ -167,6 +167,19 @@ def test_bad_input_is_a_clear_error_and_the_calculator_still_works(name):
     np.testing.assert_allclose(good.get_forces(), reference(good).get_forces(), atol=1e-10)
 
 
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_after_good_input_is_still_refused(name):
+    make, message = BAD[name]
+    calc = morse(supported_numbers=[29], max_neighbors=500)
+    good = crystal()
+    good.calc = calc
+    good.get_forces()
+    bad = make()
+    bad.calc = calc
+    with pytest.raises(InvalidAtomsError, match=message):
+        bad.get_forces()
+
+
 def test_results_do_not_depend_on_the_skin():
     atoms = crystal()
     with_skin, without_skin = morse(skin=1.0), morse(skin=0.0)
