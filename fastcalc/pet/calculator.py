@@ -130,7 +130,8 @@ class CompiledPETCalculator(TorchCalculator):
         self._graph = None if compile else step_graph(self.core)
         self._topology: Topology | None = None
         self._states: dict[tuple[int, int], torch.Tensor] = {}
-        self._padded_species: tuple[torch.Tensor, int, torch.Tensor] | None = None
+        # (numbers on the device, padded atoms, padded species there, species on the host)
+        self._species_cache: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
 
     def _mode(self, requested: str | None) -> str:
         """The torch.compile mode; warns once per process that compiling on CPU is slow."""
@@ -192,27 +193,30 @@ class CompiledPETCalculator(TorchCalculator):
         self._topology = Topology.of(search, candidates, shape, len(positions))
         return self._topology
 
-    def _species(self, numbers: torch.Tensor, atoms: int) -> torch.Tensor:
-        """Species indices padded to ``atoms``; made again only when ``numbers`` (cached on
-        the device by the base class) or the padding changed."""
-        cached = self._padded_species
+    def _species(self, numbers: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Species indices padded to ``atoms`` on the device, and unpadded on the host;
+        made again only when ``numbers`` (cached on the device by the base class) or the
+        padding changed."""
+        cached = self._species_cache
         if cached is None or cached[0] is not numbers or cached[1] != atoms:
             species = self.core.species_index[numbers]  # supported: checked on the host
             padded = torch.cat([species, species.new_zeros(atoms - len(numbers))])
-            self._padded_species = (numbers, atoms, padded)
-        return self._padded_species[2]
+            host = self._host_species[torch.from_numpy(self.atoms.numbers)]
+            self._species_cache = (numbers, atoms, padded, host)
+        return self._species_cache[2], self._species_cache[3]
 
     def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
         charge, spin = self._state()
         topology = self._prepare(positions, cell, edge_index, unit_shifts)
         n = len(numbers)
         padded_positions = pad_positions(positions, topology.shape.atoms)
+        padded_species, host_species = self._species(numbers, topology.shape.atoms)
         state = self._state_tensor(charge, spin)
         while True:
             inputs = graph_inputs(
                 padded_positions,
                 cell,
-                self._species(numbers, topology.shape.atoms),
+                padded_species,
                 topology.candidates,
                 topology.slots,
                 topology.atom_mask,
@@ -238,7 +242,7 @@ class CompiledPETCalculator(TorchCalculator):
         energies, forces, virial = host[2:].split([n, 3 * n, 9])
         result = apply_reference(
             self.reference,
-            self._host_species[torch.from_numpy(self.atoms.numbers)],
+            host_species,
             energies,
             forces.view(n, 3),
             virial.view(3, 3) if compute_stress else None,
