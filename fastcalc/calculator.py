@@ -50,11 +50,11 @@ def check_positions(atoms: Atoms) -> None:
     """Raise :class:`InvalidAtomsError` if ``atoms`` is empty or a position is not finite."""
     if len(atoms) == 0:
         raise InvalidAtomsError("the Atoms object is empty: there is nothing to compute")
-    bad = ~np.isfinite(atoms.positions).all(axis=1)
-    if bad.any():
-        raise InvalidAtomsError(
-            f"positions of atoms {np.flatnonzero(bad)[:10].tolist()} are NaN or infinite"
-        )
+    finite = np.isfinite(atoms.positions)
+    if finite.all():  # checked every call: the common case costs one pass
+        return
+    bad = np.flatnonzero(~finite.all(axis=1))
+    raise InvalidAtomsError(f"positions of atoms {bad[:10].tolist()} are NaN or infinite")
 
 
 def check_structure(atoms: Atoms, supported_numbers: Collection[int] | None) -> None:
@@ -127,7 +127,7 @@ class TorchCalculator(Calculator):
         edge_index: torch.Tensor,
         unit_shifts: torch.Tensor,
         compute_stress: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | float, torch.Tensor | np.ndarray, torch.Tensor | np.ndarray | None]:
         """Energy (scalar), forces ``(N, 3)`` and stress ``(3, 3)`` or None, in eV and Å.
 
         ``edge_index`` and ``unit_shifts`` are the edges closer than the cutoff
@@ -135,9 +135,9 @@ class TorchCalculator(Calculator):
         Verlet candidates (:meth:`fastcalc.neighbors.VerletNeighborList.candidates`),
         which the model must filter itself; ``cell`` has no zero vector, so a model
         can pad them with :func:`fastcalc.buckets.pad_edges`. Stress is asked
-        for on fully periodic systems only. The results may be on any device (one
-        copy to the host follows); a model that has already moved them to the host
-        returns CPU tensors.
+        for on fully periodic systems only. The results may be tensors on any device
+        (one copy to the host follows), or, from a model that has already brought them
+        to the host, a float and float64 numpy arrays.
         """
         raise NotImplementedError
 
@@ -193,24 +193,33 @@ class TorchCalculator(Calculator):
             edge_index, unit_shifts = search(positions, cell, pbc, host=geometry)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
-        if (np.linalg.norm(atoms.cell.array, axis=1) == 0).any():
+        if not atoms.cell.array.any(axis=1).all():  # a zero cell vector
             cell = padding_cell(cell, self.cutoff)  # else it would return the same cell
         energy, forces, stress = self.evaluate(
             positions, cell, numbers, edge_index, unit_shifts, periodic
         )
-        parts = [energy.reshape(1), forces.reshape(-1)]
+        energy, forces, stress = _to_host(energy, forces, stress)
+        self.results = {"energy": energy, "free_energy": energy, "forces": forces}
         if stress is not None:
-            parts.append(stress.reshape(-1))
-        # one float64 copy to the host (not one per result), detached from any graph or
-        # buffer that a later call reuses
-        host = torch.cat([p.detach().to(torch.float64) for p in parts]).cpu().numpy()
-        self.results = {
-            "energy": float(host[0]),
-            "free_energy": float(host[0]),
-            "forces": host[1 : 1 + forces.numel()].reshape(-1, 3),
-        }
-        if stress is not None:
-            self.results["stress"] = full_3x3_to_voigt_6_stress(host[-9:].reshape(3, 3))
+            self.results["stress"] = full_3x3_to_voigt_6_stress(stress)
+
+
+def _to_host(
+    energy: torch.Tensor | float,
+    forces: torch.Tensor | np.ndarray,
+    stress: torch.Tensor | np.ndarray | None,
+) -> tuple[float, np.ndarray, np.ndarray | None]:
+    """Energy, forces and stress as float64 on the host: numpy arrays pass as they are;
+    tensors go in one copy (not one per result), detached from any graph or buffer that
+    a later call reuses."""
+    if isinstance(forces, np.ndarray):
+        return float(energy), forces, stress
+    parts = [energy.reshape(1), forces.reshape(-1)]
+    if stress is not None:
+        parts.append(stress.reshape(-1))
+    host = torch.cat([p.detach().to(torch.float64) for p in parts]).cpu().numpy()
+    forces_host = host[1 : 1 + forces.numel()].reshape(-1, 3)
+    return float(host[0]), forces_host, None if stress is None else host[-9:].reshape(3, 3)
 
 
 EnergyFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PaddedEdges], torch.Tensor]

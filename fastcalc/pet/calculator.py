@@ -125,13 +125,13 @@ class CompiledPETCalculator(TorchCalculator):
         self.metadata = metadata
         # the energy reference is applied on the host, in float64, after the single transfer
         self.reference = metadata.reference()
-        self._host_species = self.core.species_index.cpu()
+        self._host_species = self.core.species_index.cpu().numpy()
         self.compile_mode = self._mode(compile_mode) if compile else None
         self._graph = None if compile else step_graph(self.core)
         self._topology: Topology | None = None
         self._states: dict[tuple[int, int], torch.Tensor] = {}
         # (numbers on the device, padded atoms, padded species there, species on the host)
-        self._species_cache: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
+        self._species_cache: tuple[torch.Tensor, int, torch.Tensor, np.ndarray] | None = None
 
     def _mode(self, requested: str | None) -> str:
         """The torch.compile mode; warns once per process that compiling on CPU is slow."""
@@ -193,7 +193,7 @@ class CompiledPETCalculator(TorchCalculator):
         self._topology = Topology.of(search, candidates, shape, len(positions))
         return self._topology
 
-    def _species(self, numbers: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _species(self, numbers: torch.Tensor, atoms: int) -> tuple[torch.Tensor, np.ndarray]:
         """Species indices padded to ``atoms`` on the device, and unpadded on the host;
         made again only when ``numbers`` (cached on the device by the base class) or the
         padding changed."""
@@ -201,7 +201,7 @@ class CompiledPETCalculator(TorchCalculator):
         if cached is None or cached[0] is not numbers or cached[1] != atoms:
             species = self.core.species_index[numbers]  # supported: checked on the host
             padded = torch.cat([species, species.new_zeros(atoms - len(numbers))])
-            host = self._host_species[torch.from_numpy(self.atoms.numbers)]
+            host = self._host_species[self.atoms.numbers]
             self._species_cache = (numbers, atoms, padded, host)
         return self._species_cache[2], self._species_cache[3]
 
@@ -229,8 +229,8 @@ class CompiledPETCalculator(TorchCalculator):
             # one copy to the host (waits for the device), detached from graph buffers
             host = torch.cat(
                 [status.to(energies.dtype), energies[:n], forces[:n].reshape(-1), virial.reshape(-1)]
-            ).cpu()
-            needed, symmetric = host[:2].tolist()
+            ).cpu().numpy()
+            needed, symmetric = host[:2]
             if not symmetric:
                 raise RuntimeError("PET kept an edge but not its reverse; please report this")
             if needed <= topology.shape.width:
@@ -239,12 +239,12 @@ class CompiledPETCalculator(TorchCalculator):
             shape = topology.shape._replace(width=padded_size(int(needed), WIDTH_STEP))
             topology = Topology.of(topology.search, topology.candidates, shape, n)
             self._topology = topology
-        energies, forces, virial = host[2:].split([n, 3 * n, 9])
+        energies, forces, virial = np.split(host[2:], [n, 4 * n])
         result = apply_reference(
             self.reference,
             host_species,
             energies,
-            forces.view(n, 3),
-            virial.view(3, 3) if compute_stress else None,
+            forces.reshape(n, 3),
+            virial.reshape(3, 3) if compute_stress else None,
         )
         return result.energy, result.forces, result.stress

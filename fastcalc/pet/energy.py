@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..buckets import padding_cell
@@ -29,12 +30,12 @@ class EnergyReference:
 
 @dataclass(frozen=True)
 class PETResult:
-    """Float64 outputs for one structure (stress is None for a zero-volume cell)."""
+    """Float64 outputs for one structure, on the host (stress is None for a zero-volume cell)."""
 
-    energy: torch.Tensor
-    energies: torch.Tensor
-    forces: torch.Tensor
-    stress: torch.Tensor | None
+    energy: float
+    energies: np.ndarray
+    forces: np.ndarray
+    stress: np.ndarray | None
 
 
 def energy_and_derivatives(
@@ -67,18 +68,23 @@ def energy_and_derivatives(
 
 def apply_reference(
     reference: EnergyReference,
-    species: torch.Tensor,
-    energies: torch.Tensor,
-    forces: torch.Tensor,
-    stress: torch.Tensor | None,
+    species: np.ndarray,
+    energies: np.ndarray,
+    forces: np.ndarray,
+    stress: np.ndarray | None,
 ) -> PETResult:
-    """Scale network outputs, add composition energies and symmetrise the stress, in float64."""
+    """Scale network outputs, add composition energies and symmetrise the stress, in float64.
+
+    Host arrays in, host arrays out: this runs after every calculator call, on a few
+    thousand numbers, where numpy costs a fraction of torch's per-operation overhead.
+    """
     scale = reference.scale
-    composition = reference.composition.to(device=energies.device, dtype=torch.float64)
-    atom_energies = scale * energies.double() + composition[species]
+    atom_energies = scale * np.asarray(energies, np.float64) + reference.composition.numpy()[species]
     if stress is not None:
-        stress = scale * 0.5 * (stress + stress.T).double()
-    return PETResult(atom_energies.sum(), atom_energies, scale * forces.double(), stress)
+        stress = np.asarray(stress, np.float64)
+        stress = scale * 0.5 * (stress + stress.T)
+    forces = scale * np.asarray(forces, np.float64)
+    return PETResult(float(atom_energies.sum()), atom_energies, forces, stress)
 
 
 def evaluate(
@@ -90,14 +96,18 @@ def evaluate(
     charge: int = 0,
     spin_multiplicity: int = 1,
 ) -> PETResult:
-    """Total and per-atom energies, forces and (for a non-zero volume) stress in float64.
+    """Total and per-atom energies, forces and (for a non-zero volume) stress in float64,
+    as host arrays.
 
     Inputs are in the core's dtype; ``layout`` is built for ``padding_cell(cell, cutoff)``
     (as :func:`fastcalc.pet.layout.structure_layout` does), which the model is given.
     """
     compute_stress = bool(torch.linalg.det(cell.detach().double()).abs() > 0.0)
     model_cell = padding_cell(cell, core.hypers.cutoff)
-    energies, forces, stress = energy_and_derivatives(
+    outputs = energy_and_derivatives(
         core, positions, model_cell, layout, compute_stress, charge, spin_multiplicity
     )
-    return apply_reference(reference, layout.species, energies, forces, stress)
+    energies, forces, stress = (
+        None if x is None else x.detach().cpu().double().numpy() for x in outputs
+    )
+    return apply_reference(reference, layout.species.cpu().numpy(), energies, forces, stress)

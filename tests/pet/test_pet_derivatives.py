@@ -51,7 +51,7 @@ def test_forces_are_minus_the_energy_gradient(model, structure, loaded):
         numerical[index] = -(energy(positions + step, cell) - energy(positions - step, cell)) / (
             2 * STEP
         )
-    error = np.abs(result.forces.numpy()[: len(numerical)] - numerical).max()
+    error = np.abs(result.forces[: len(numerical)] - numerical).max()
     assert error < RTOL * np.abs(numerical).max()
 
 
@@ -71,5 +71,5 @@ def test_stress_is_the_strain_derivative_over_volume(model, loaded):
             energy(positions @ plus, cell @ plus) - energy(positions @ minus, cell @ minus)
         ) / (2 * STRAIN_STEP)
     numerical = 0.5 * (numerical + numerical.T) / volume
-    error = np.abs(result.stress.numpy() - numerical).max()
+    error = np.abs(result.stress - numerical).max()
     assert error < RTOL * np.abs(numerical).max()
