@@ -27,7 +27,9 @@ from .buckets import PaddedEdges, pad_edges, padding_cell
 from .geometry import energy_forces_stress
 from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList
 
-__all__ = ["InvalidAtomsError", "PotentialCalculator", "TorchCalculator", "resolve_device"]
+__all__ = [
+    "InvalidAtomsError", "PotentialCalculator", "TorchCalculator", "resolve_device", "to_host"
+]
 
 #: ``atoms.info`` keys that change a model's result without changing the Atoms.
 INFO_KEYS = ("charge", "spin")
@@ -198,28 +200,21 @@ class TorchCalculator(Calculator):
         energy, forces, stress = self.evaluate(
             positions, cell, numbers, edge_index, unit_shifts, periodic
         )
-        energy, forces, stress = _to_host(energy, forces, stress)
-        self.results = {"energy": energy, "free_energy": energy, "forces": forces}
+        if not isinstance(forces, np.ndarray):  # tensors: one copy to the host
+            energy, forces, stress = to_host(energy, forces, stress)
+        self.results = {"energy": float(energy), "free_energy": float(energy), "forces": forces}
         if stress is not None:
             self.results["stress"] = full_3x3_to_voigt_6_stress(stress)
 
 
-def _to_host(
-    energy: torch.Tensor | float,
-    forces: torch.Tensor | np.ndarray,
-    stress: torch.Tensor | np.ndarray | None,
-) -> tuple[float, np.ndarray, np.ndarray | None]:
-    """Energy, forces and stress as float64 on the host: numpy arrays pass as they are;
-    tensors go in one copy (not one per result), detached from any graph or buffer that
-    a later call reuses."""
-    if isinstance(forces, np.ndarray):
-        return float(energy), forces, stress
-    parts = [energy.reshape(1), forces.reshape(-1)]
-    if stress is not None:
-        parts.append(stress.reshape(-1))
-    host = torch.cat([p.detach().to(torch.float64) for p in parts]).cpu().numpy()
-    forces_host = host[1 : 1 + forces.numel()].reshape(-1, 3)
-    return float(host[0]), forces_host, None if stress is None else host[-9:].reshape(3, 3)
+def to_host(*tensors: torch.Tensor | None) -> list[np.ndarray | None]:
+    """Float64 host copies of ``tensors`` (``None`` stays ``None``), shapes kept, made in
+    one transfer: the host waits for the device once, not once per tensor, and the
+    copies share no memory with graphs or buffers that a later call reuses."""
+    present = [t for t in tensors if t is not None]
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in present]).cpu().numpy()
+    parts = iter(np.split(flat, np.cumsum([t.numel() for t in present])[:-1]))
+    return [None if t is None else next(parts).reshape(t.shape) for t in tensors]
 
 
 EnergyFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PaddedEdges], torch.Tensor]

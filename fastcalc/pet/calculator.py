@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from ase import Atoms
 
-from ..calculator import InvalidAtomsError, TorchCalculator
+from ..calculator import InvalidAtomsError, TorchCalculator, to_host
 from ..models import resolve_model_path
 from .core import PETCore
 from .energy import apply_reference
@@ -227,10 +227,8 @@ class CompiledPETCalculator(TorchCalculator):
                     self._graph = compile_pet(self.core, inputs, self.compile_mode)
                 energies, forces, virial, status = self._graph(*inputs)
             # one copy to the host (waits for the device), detached from graph buffers
-            host = torch.cat(
-                [status.to(energies.dtype), energies[:n], forces[:n].reshape(-1), virial.reshape(-1)]
-            ).cpu().numpy()
-            needed, symmetric = host[:2]
+            status, energies, forces, virial = to_host(status, energies[:n], forces[:n], virial)
+            needed, symmetric = status
             if not symmetric:
                 raise RuntimeError("PET kept an edge but not its reverse; please report this")
             if needed <= topology.shape.width:
@@ -239,12 +237,7 @@ class CompiledPETCalculator(TorchCalculator):
             shape = topology.shape._replace(width=padded_size(int(needed), WIDTH_STEP))
             topology = Topology.of(topology.search, topology.candidates, shape, n)
             self._topology = topology
-        energies, forces, virial = np.split(host[2:], [n, 4 * n])
         result = apply_reference(
-            self.reference,
-            host_species,
-            energies,
-            forces.reshape(n, 3),
-            virial.reshape(3, 3) if compute_stress else None,
+            self.reference, host_species, energies, forces, virial if compute_stress else None
         )
         return result.energy, result.forces, result.stress

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..buckets import pad_edges
-from ..calculator import InvalidAtomsError, TorchCalculator
+from ..calculator import InvalidAtomsError, TorchCalculator, to_host
 from ..geometry import edge_vectors
 from ..models import resolve_model_path
 from .checkpoint import UMACheckpoint, load_checkpoint
@@ -157,8 +157,8 @@ class BucketedCalculator(TorchCalculator):
         edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
         inputs = (positions, cell, numbers, edges.edge_index, edges.unit_shifts, edges.edge_mask)
         run = self.core.energy_and_gradients if self._graphs is None else self._graphs
-        raw = [output.detach().reshape(-1).to(torch.float64) for output in run(*inputs)]
         # one wait for the device; normalisers and element references apply on the host
-        energy, forces, stress = torch.cat(raw).cpu().split([1, len(numbers) * 3, 9])
-        out = self.core.outputs(energy[0], forces.view(-1, 3), stress.view(3, 3), compute_stress)
-        return out["energy"], out["forces"], out.get("stress")
+        energy, forces, stress = map(torch.from_numpy, to_host(*run(*inputs)))
+        out = self.core.outputs(energy, forces, stress, compute_stress)
+        stress = out.get("stress")
+        return float(out["energy"]), out["forces"].numpy(), None if stress is None else stress.numpy()
