@@ -16,7 +16,7 @@ from fastcalc import BucketedCalculator
 def main(max_steps: int = 200) -> None:
     atoms = bulk("Cu", "fcc", a=3.75, cubic=True).repeat(2)  # 4 % too large
     atoms.rattle(0.05, seed=0)
-    atoms.calc = BucketedCalculator("uma-demo-cu", compile_mode=None)
+    atoms.calc = BucketedCalculator("uma-demo-cu", compile_mode="eager")
     start = atoms.cell.lengths()[0] / 2
     FIRE(FrechetCellFilter(atoms), logfile=None).run(fmax=0.01, steps=max_steps)
     stress = abs(atoms.get_stress()).max()

@@ -1,14 +1,22 @@
-"""Edge buckets: pad an edge list to one of few sizes so compiled code sees few shapes.
+"""Buckets: sizes padded to one of few values, so compiled code and CUDA graphs see few shapes.
 
-Padding policy. The edge count is rounded up to a multiple of ``bucket_size``;
-the same count always gives the same bucket, so returning to a size seen before
-reuses its shape (and its compiled graph). Each padded edge is a self-loop of
+Padding rule (:func:`padded_size`, the one rule every model uses): a count is
+rounded up to a multiple of a granule that grows with it, ``max(step, 2 ** k)``
+with ``2 ** k`` at most ``1 / fraction`` of the count. So padding adds at most
+``step`` or ``1 / fraction`` of the count, whichever is larger, and each doubling
+of a count has ``fraction`` buckets; the same count always gives the same bucket,
+so returning to a size seen before reuses its shape. Edges use ``fraction`` 64
+(:data:`EDGE_FRACTION`: at most 1.6 % padded edges beyond ``bucket_size``), atoms
+and per-atom layouts use 8 (:data:`ATOM_FRACTION`: at most 12.5 % beyond their
+step; per-atom work is cheap next to per-edge work).
+
+Padded edges. Each padded edge is a self-loop of
 the first atom of system 0 with a cell shift that makes it longer than the
 cutoff, so a model whose cutoff function vanishes there gives it exactly zero
 energy, force and stress, and no zero-length vector (whose gradient would be
 NaN) ever appears. Models also get ``edge_mask`` to drop padded edges outright.
-Atom counts are not padded here: a model that needs padded atoms (PET's
-per-atom neighbour layout) pads its own layout.
+Padded atoms (:func:`pad_atoms`) sit at the origin with no edges; models leave
+them out of the energy with an atom mask, so they get no force and add nothing.
 
 Padded edges need a cell with a non-zero vector; for a non-periodic system
 :func:`padding_cell` gives the cell to hand to the model.
@@ -16,12 +24,26 @@ Padded edges need a cell with a non-zero vector; for a non-periodic system
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PaddedEdges", "bucket", "pad_edges", "padding_cell", "padding_shift"]
+__all__ = [
+    "ATOM_FRACTION",
+    "EDGE_FRACTION",
+    "PaddedEdges",
+    "atom_mask",
+    "pad_atoms",
+    "pad_edges",
+    "padded_size",
+    "padding_cell",
+    "padding_shift",
+]
+
+#: Each doubling of an edge count has this many buckets (padding at most 1/64).
+EDGE_FRACTION = 64
+#: Each doubling of an atom count has this many buckets (padding at most 1/8).
+ATOM_FRACTION = 8
 
 
 @dataclass(frozen=True)
@@ -37,11 +59,27 @@ class PaddedEdges:
         return int(self.edge_mask.sum())
 
 
-def bucket(count: int, bucket_size: int) -> int:
-    """``count`` rounded up to a positive multiple of ``bucket_size``."""
-    if bucket_size < 1:
-        raise ValueError(f"bucket_size must be positive, got {bucket_size}")
-    return bucket_size * max(1, math.ceil(count / bucket_size))
+def padded_size(count: int, step: int, fraction: int = ATOM_FRACTION) -> int:
+    """``count`` rounded up to a multiple of ``max(step, 2 ** k)``, the largest power of
+    two with ``2 ** k <= count / fraction`` (``fraction`` a power of two); zero becomes
+    the granule.
+
+    Padding adds less than ``max(step, count / fraction)``.
+    """
+    if step < 1:
+        raise ValueError(f"the padding step must be positive, got {step}")
+    granule = max(step, 1 << max(count.bit_length() - fraction.bit_length(), 0))
+    return max(granule, -(-count // granule) * granule)
+
+
+def pad_atoms(values: torch.Tensor, atoms: int) -> torch.Tensor:
+    """Per-atom ``values`` (positions, ...) padded with zero rows to ``atoms`` rows."""
+    return torch.cat([values, values.new_zeros(atoms - len(values), *values.shape[1:])])
+
+
+def atom_mask(num_atoms: int, atoms: int, device: torch.device) -> torch.Tensor:
+    """True for the ``num_atoms`` real atoms of ``atoms`` padded ones."""
+    return torch.arange(atoms, device=device) < num_atoms
 
 
 def padding_cell(cell: torch.Tensor, cutoff: float) -> torch.Tensor:
@@ -76,7 +114,8 @@ def pad_edges(
     cutoff: float,
     bucket_size: int = 1024,
 ) -> PaddedEdges:
-    """Pad ``(edge_index, unit_shifts)`` to ``bucket(E, bucket_size)`` edges.
+    """Pad ``(edge_index, unit_shifts)`` to ``padded_size(E, bucket_size, EDGE_FRACTION)``
+    edges.
 
     ``cell`` is the cell the model will see (``(3, 3)``, or ``(B, 3, 3)`` for a
     batch, where padded edges use system 0); it must have no zero vector (see
@@ -84,7 +123,7 @@ def pad_edges(
     that cell, long enough to lie beyond ``cutoff``.
     """
     n_edges = edge_index.shape[1]
-    n_pad = bucket(n_edges, bucket_size) - n_edges
+    n_pad = padded_size(n_edges, bucket_size, EDGE_FRACTION) - n_edges
     device = edge_index.device
     shift = padding_shift(cell[0] if cell.ndim == 3 else cell, cutoff)
     return PaddedEdges(

@@ -59,15 +59,13 @@ def load_calculator(
     where a first compilation takes about a minute.
     """
     path = resolve_model_path(model)
-    if compiled is None:
-        compiled = resolve_device(device).type == "cuda"
+    mode = {None: "auto", True: "default", False: "eager"}[compiled]
+    if mode == "default" and resolve_device(device).type == "cuda":
+        mode = "reduce-overhead"
     if model_family(path) == "pet":
         from .pet import CompiledPETCalculator
 
-        return CompiledPETCalculator(path, device=device, dtype=dtype, compile=compiled)
+        return CompiledPETCalculator(path, device=device, dtype=dtype, compile_mode=mode)
     from .uma import BucketedCalculator
 
-    return BucketedCalculator(
-        path, task_name=task, device=device, dtype=dtype,
-        compile_mode="reduce-overhead" if compiled else None,
-    )
+    return BucketedCalculator(path, task_name=task, device=device, dtype=dtype, compile_mode=mode)

@@ -8,17 +8,30 @@ from ase.build import bulk, molecule
 from pair_potential import CUTOFF, ase_morse, morse_energy
 
 from fastcalc import PotentialCalculator
-from fastcalc.buckets import bucket, pad_edges, padding_cell
+from fastcalc.buckets import EDGE_FRACTION, pad_edges, padded_size, padding_cell
 from fastcalc.geometry import edge_vectors
 from fastcalc.neighbors import neighbor_list
 
 
-def test_bucket_rounds_up_to_a_multiple():
-    assert [bucket(n, 1024) for n in (0, 1, 1024, 1025, 3000)] == [1024, 1024, 1024, 2048, 3072]
+def test_small_counts_round_up_to_a_multiple_of_the_step():
+    sizes = [padded_size(n, 1024, EDGE_FRACTION) for n in (0, 1, 1024, 1025, 3000)]
+    assert sizes == [1024, 1024, 1024, 2048, 3072]
+
+
+@pytest.mark.parametrize("fraction", [8, 64])
+def test_padding_stays_below_the_step_or_the_fraction(fraction):
+    for count in range(1, 200_000, 97):
+        size = padded_size(count, 64, fraction)
+        assert count <= size < count + max(64, count / fraction)
+
+
+def test_each_doubling_has_fraction_buckets():
+    sizes = {padded_size(n, 1, 32) for n in range(4097, 8193)}
+    assert len(sizes) == 32
 
 
 def test_returning_to_a_size_reuses_its_bucket():
-    sizes = [bucket(n, 1024) for n in (1000, 1100, 1000)]
+    sizes = [padded_size(n, 1024, EDGE_FRACTION) for n in (1000, 1100, 1000)]
     assert sizes[0] == sizes[2] != sizes[1]
 
 

@@ -1,4 +1,5 @@
-"""A traced-and-compiled energy/forces/stress graph gives ASE's numbers at every size."""
+"""The compile runtime: one traced-and-compiled energy/forces/stress graph gives ASE's
+numbers at every size, and ``compile_mode`` has one meaning."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from torch._dynamo.utils import counters
 from fastcalc.buckets import PaddedEdges, pad_edges
 from fastcalc.geometry import energy_forces_stress
 from fastcalc.neighbors import neighbor_list
-from fastcalc.tracing import CompiledGraph, trace
+from fastcalc.tracing import GraphRunner, resolve_compile_mode, trace
 
 
 def morse_efs(positions, cell, numbers, edge_index, unit_shifts, edge_mask):
@@ -35,12 +36,13 @@ def graph_inputs(atoms, bucket_size=64):
 
 @pytest.fixture(scope="module")
 def compiled():
-    return CompiledGraph(trace(morse_efs, graph_inputs(crystal((2, 2, 2)))), dynamic=True)
+    return GraphRunner(morse_efs, "default")
 
 
-def test_compiled_graph_matches_ase_at_every_size_without_recompiling(compiled):
+def test_one_compilation_matches_ase_at_every_size(compiled):
+    before = counters["stats"]["unique_graphs"]
     compiled(*graph_inputs(crystal((2, 2, 2))))
-    graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == before + 1
     for repeats in [(2, 2, 3), (3, 3, 3), (2, 2, 2)]:
         atoms = crystal(repeats)
         energy, forces, stress = compiled(*graph_inputs(atoms))
@@ -50,7 +52,17 @@ def test_compiled_graph_matches_ase_at_every_size_without_recompiling(compiled):
         np.testing.assert_allclose(forces.numpy(), reference.get_forces(), atol=1e-10)
         voigt = stress.numpy()[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
         np.testing.assert_allclose(voigt, reference.get_stress(), atol=1e-12)
-    assert counters["stats"]["unique_graphs"] == graphs
+    assert counters["stats"]["unique_graphs"] == before + 1
+    assert compiled.stats == {"compilations": 1, "cuda_graphs": 0, "recompiles": 0}
+
+
+def test_auto_means_eager_on_cpu():
+    assert resolve_compile_mode("auto", torch.device("cpu")) == "eager"
+
+
+def test_an_unknown_compile_mode_lists_the_choices():
+    with pytest.raises(ValueError, match="'auto', 'eager', 'default', 'reduce-overhead'; got 'fast'"):
+        resolve_compile_mode("fast", torch.device("cpu"))
 
 
 def test_profiler_ranges_are_stripped_from_the_graph():

@@ -102,7 +102,7 @@ def _pet(folder: Path, device: str, small: bool) -> Contest:
         model="pet-tiny-random" if small else "pet-s-random",
         upstream="metatomic",
         reference=lambda: metatomic_calculator(path, device),
-        eager=lambda: CompiledPETCalculator(path, device=device, compile=False),
+        eager=lambda: CompiledPETCalculator(path, device=device, compile_mode="eager"),
         contenders=lambda: factories,
     )
 
@@ -116,7 +116,7 @@ def _uma(folder: Path, device: str, small: bool) -> Contest:
         model="uma-tiny-random" if small else "uma-s-random",
         upstream="fairchem",
         reference=lambda: fairchem_calculator(path, "omat", torch.float32, device),
-        eager=lambda: BucketedCalculator(path, task_name="omat", device=device, compile_mode=None),
+        eager=lambda: BucketedCalculator(path, task_name="omat", device=device, compile_mode="eager"),
         contenders=lambda: {
             "fairchem": lambda: fairchem_calculator(
                 path, "omat", torch.float32, device, compiled=True

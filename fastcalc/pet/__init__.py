@@ -19,7 +19,7 @@ from .hypers import PETHypers
 from .layout import PETLayout, build_layout, structure_layout
 from .load import PETMetadata, load_pet
 from .padding import PaddedShape, padded_shape
-from .trace import compile_pet, graph_inputs, trace_pet
+from .trace import graph_inputs, trace_pet
 
 __all__ = [
     "CompiledPETCalculator",
@@ -32,7 +32,6 @@ __all__ = [
     "PaddedShape",
     "apply_reference",
     "build_layout",
-    "compile_pet",
     "energy_and_derivatives",
     "evaluate",
     "graph_inputs",

@@ -21,19 +21,18 @@ import numpy as np
 import torch
 from ase import Atoms
 
-from ..calculator import InvalidAtomsError, TorchCalculator, to_host
+from ..calculator import InvalidAtomsError, TorchCalculator, resolve_device, to_host
 from ..models import resolve_model_path
+from ..tracing import GraphRunner, resolve_compile_mode
 from .core import PETCore
 from .energy import apply_reference
 from .layout import Candidates, sized_candidates
 from .load import PETMetadata, load_pet
-from .padding import WIDTH_STEP, PaddedShape, atom_mask, pad_positions, padded_shape, padded_size
-from .trace import compile_pet, graph_inputs, step_graph
+from ..buckets import atom_mask, pad_atoms, padded_size
+from .padding import WIDTH_STEP, PaddedShape, padded_shape
+from .trace import graph_inputs, step_graph
 
-__all__ = ["COMPILE_MODES", "CompiledPETCalculator", "charge_and_spin"]
-
-COMPILE_MODES = (None, "default", "reduce-overhead")
-_warned_cpu_compile = False
+__all__ = ["CompiledPETCalculator", "charge_and_spin"]
 
 
 def _integer(key: str, value: object) -> int:
@@ -53,6 +52,26 @@ def charge_and_spin(info: dict) -> tuple[int, int]:
         _integer("charge", info.get("charge", 0)),
         _integer(spin_key, info.get(spin_key, 1)),
     )
+
+
+def _legacy_compile_mode(
+    compile_mode: str | None, compile: bool | None, device: torch.device
+) -> str:
+    """``compile_mode`` from the keywords of fastcalc 0.1 (``compile=``, ``compile_mode=None``),
+    with a DeprecationWarning; ``compile=True`` kept its old meaning: compiled on any device."""
+    if compile is None and compile_mode is not None:
+        return compile_mode
+    warnings.warn(
+        "CompiledPETCalculator(compile=...) and compile_mode=None are deprecated: use "
+        "compile_mode='auto', 'eager', 'default' or 'reduce-overhead'",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if compile is False:
+        return "eager"
+    if compile_mode in (None, "auto"):
+        return "reduce-overhead" if device.type == "cuda" else "default"
+    return compile_mode
 
 
 def _load(model: str | Path | tuple[PETCore, PETMetadata]) -> tuple[PETCore, PETMetadata]:
@@ -89,14 +108,21 @@ class CompiledPETCalculator(TorchCalculator):
     read ``atoms.info["charge"]`` and the spin multiplicity
     (``atoms.info["spin_multiplicity"]`` or ``atoms.info["spin"]``); others ignore them.
 
-    ``compile=True`` traces energy, forces and stress into one graph at the first call
-    and compiles it with ``torch.compile(dynamic=True)``. ``compile_mode``: ``None`` means
-    ``"reduce-overhead"`` on CUDA and ``"default"`` elsewhere; ``"reduce-overhead"``
-    (CUDA only) replays a CUDA graph recorded per padded shape
-    (:class:`fastcalc.tracing.CapturedGraphs`), ``"default"`` calls the compiled graph
-    without CUDA graphs. ``compile=False`` runs the same padded inputs
-    through the core eagerly. Other keyword arguments go to
+    ``compile_mode`` (see :func:`fastcalc.tracing.resolve_compile_mode`): ``"auto"``
+    (default) replays CUDA graphs on CUDA and runs eagerly on CPU; ``"default"`` traces
+    energy, forces and stress into one graph at the first call and compiles it once
+    with ``torch.compile(dynamic=True)`` for every size; ``"reduce-overhead"`` (CUDA)
+    also replays a CUDA graph recorded per padded shape; ``"eager"`` runs the same
+    padded inputs through the core without compiling. ``calc.compile_stats`` counts
+    compilations, CUDA graphs and recompiles. Other keyword arguments go to
     :class:`fastcalc.calculator.TorchCalculator` (``skin``, ``max_neighbors``, ...).
+
+    Example::
+
+        from ase.build import bulk
+        atoms = bulk("Cu", cubic=True).repeat(3)
+        atoms.calc = CompiledPETCalculator("pet-demo-cu")
+        print(atoms.get_potential_energy(), atoms.get_forces()[0])
     """
 
     takes_candidates = True
@@ -107,12 +133,11 @@ class CompiledPETCalculator(TorchCalculator):
         *,
         device: str | torch.device | None = None,
         dtype: str = "float32",
-        compile: bool = True,
-        compile_mode: str | None = None,
+        compile_mode: str | None = "auto",
+        compile: bool | None = None,
         **kwargs,
     ) -> None:
-        if compile_mode not in COMPILE_MODES:
-            raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
+        compile_mode = _legacy_compile_mode(compile_mode, compile, resolve_device(device))
         core, metadata = _load(model)
         super().__init__(
             metadata.cutoff,
@@ -126,32 +151,18 @@ class CompiledPETCalculator(TorchCalculator):
         # the energy reference is applied on the host, in float64, after the single transfer
         self.reference = metadata.reference()
         self._host_species = self.core.species_index.cpu().numpy()
-        self.compile_mode = self._mode(compile_mode) if compile else None
-        self._graph = None if compile else step_graph(self.core)
+        self.compile_mode = resolve_compile_mode(compile_mode, self.device)
+        self._runner = GraphRunner(step_graph(self.core), self.compile_mode)
         self._topology: Topology | None = None
         self._states: dict[tuple[int, int], torch.Tensor] = {}
         # (numbers on the device, padded atoms, padded species there, species on the host)
         self._species_cache: tuple[torch.Tensor, int, torch.Tensor, np.ndarray] | None = None
 
-    def _mode(self, requested: str | None) -> str:
-        """The torch.compile mode; warns once per process that compiling on CPU is slow."""
-        global _warned_cpu_compile
-        if self.device.type == "cuda":
-            return requested or "reduce-overhead"
-        if not _warned_cpu_compile:
-            warnings.warn(
-                "CompiledPETCalculator compiles the model at its first call, which takes about "
-                "a minute on CPU; pass compile=False to run it eagerly instead",
-                UserWarning,
-                stacklevel=3,
-            )
-            _warned_cpu_compile = True
-        return "default"
-
     @property
-    def cuda_graphs(self) -> int:
-        """CUDA graphs recorded so far, one per padded shape (0 without CUDA graphs)."""
-        return getattr(self._graph, "count", 0)
+    def compile_stats(self) -> dict[str, int]:
+        """``{"compilations", "cuda_graphs", "recompiles"}`` (see
+        :attr:`fastcalc.tracing.GraphRunner.stats`)."""
+        return self._runner.stats
 
     def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
         changes = super().check_state(atoms, tol)
@@ -209,7 +220,7 @@ class CompiledPETCalculator(TorchCalculator):
         charge, spin = self._state()
         topology = self._prepare(positions, cell, edge_index, unit_shifts)
         n = len(numbers)
-        padded_positions = pad_positions(positions, topology.shape.atoms)
+        padded_positions = pad_atoms(positions, topology.shape.atoms)
         padded_species, host_species = self._species(numbers, topology.shape.atoms)
         state = self._state_tensor(charge, spin)
         while True:
@@ -222,10 +233,7 @@ class CompiledPETCalculator(TorchCalculator):
                 topology.atom_mask,
                 state,
             )
-            with torch.enable_grad():  # tracing and the eager graph differentiate
-                if self._graph is None:
-                    self._graph = compile_pet(self.core, inputs, self.compile_mode)
-                energies, forces, virial, status = self._graph(*inputs)
+            energies, forces, virial, status = self._runner(*inputs)
             # one copy to the host (waits for the device), detached from graph buffers
             status, energies, forces, virial = to_host(status, energies[:n], forces[:n], virial)
             needed, symmetric = status

@@ -1,4 +1,4 @@
-"""PET energy, forces and stress as one traced graph, compiled whole with its layout stage.
+"""PET energy, forces and stress as one traceable function, compiled whole with its layout stage.
 
 :func:`energy_graph` is the model's graph: positions, cell and a given layout ->
 per-atom energies, forces and stress, with the forward and the autograd backward
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..tracing import CapturedGraphs, CompiledGraph, trace
+from ..tracing import trace
 from .core import PETCore
 from .energy import energy_and_derivatives
 from .layout import Candidates, PETLayout, layout_function
@@ -107,19 +107,3 @@ def trace_pet(core: PETCore, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphMo
             "trace a PETCore whose weights do not require grad (requires_grad_(False))"
         )
     return trace(step_graph(core), inputs)
-
-
-def compile_pet(
-    core: PETCore, inputs: Sequence[torch.Tensor], mode: str | None = None
-) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """``torch.compile(dynamic=True, fullgraph=True)`` of :func:`trace_pet`'s graph.
-
-    ``mode="reduce-overhead"`` (CUDA) replays it from CUDA graphs recorded by
-    :class:`fastcalc.tracing.CapturedGraphs`, one per padded shape, rather than
-    through ``torch.compile``'s own CUDA graphs: a replay then skips the compiled
-    function's guards and input copies. Its outputs are overwritten by the next call.
-    """
-    graph_module = trace_pet(core, inputs)
-    if mode == "reduce-overhead":
-        return CapturedGraphs(CompiledGraph(graph_module, dynamic=True))
-    return CompiledGraph(graph_module, dynamic=True, mode=mode)

@@ -2,7 +2,7 @@
 
 Loads fairchem UMA inference checkpoints without fairchem and evaluates them
 with our own implementation, equal to fairchem's ``FAIRChemCalculator`` to
-round-off in float64, compiled per (atom count, edge bucket)::
+round-off in float64, compiled once for every system size::
 
     from fastcalc.uma import BucketedCalculator
     atoms.calc = BucketedCalculator("uma-s-1p2.pt", task_name="omat")

@@ -1,9 +1,10 @@
 """``BucketedCalculator``: UMA checkpoints on fastcalc's calculator machinery.
 
 Per call: fairchem's ``max_neighbors`` rule and the expert merge (composition,
-charge, spin, task) run outside any compiled code; the kept edges are padded to
-a multiple of ``bucket_size``, and energy, forces and stress come from one
-traced graph per (atom count, edge bucket), compiled with static shapes.
+charge, spin, task) run outside any compiled code; atoms and the kept edges are
+padded to buckets (:mod:`fastcalc.buckets`), and energy, forces and stress come
+from one traced graph compiled once with dynamic shapes and, on CUDA, replayed from
+a CUDA graph recorded per padded shape (:class:`fastcalc.tracing.GraphRunner`).
 """
 
 from __future__ import annotations
@@ -14,21 +15,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..buckets import pad_edges
+from ..buckets import atom_mask, pad_atoms, pad_edges, padded_size
 from ..calculator import InvalidAtomsError, TorchCalculator, to_host
 from ..geometry import edge_vectors
 from ..models import resolve_model_path
+from ..tracing import GraphRunner, resolve_compile_mode
 from .checkpoint import UMACheckpoint, load_checkpoint
-from .compiled import ShapeCompiledGraphs
 from .core import UMACore
 from .graph import apply_neighbor_limit
 
 __all__ = ["BucketedCalculator", "charge_and_spin"]
 
-COMPILE_MODES = (None, "default", "reduce-overhead")
+#: Padded atom counts are multiples of at least this (see :func:`fastcalc.buckets.padded_size`).
+ATOM_STEP = 8
 CHARGE_RANGE = (-100, 100)  # fairchem's accepted ranges and defaults
 SPIN_RANGE = (0, 100)
-_warned_cpu_cuda_graphs = False
 
 
 def charge_and_spin(info: dict, task_name: str) -> tuple[int, int]:
@@ -66,25 +67,33 @@ def _resolve_task(core_or_checkpoint: UMACore | UMACheckpoint, task_name: str | 
     return task_name
 
 
-def _shape(inputs) -> tuple[int, int]:
-    """Compile key: (atoms, padded edges)."""
-    return inputs[0].shape[0], inputs[3].shape[1]
-
-
 class BucketedCalculator(TorchCalculator):
     """Energy, forces and stress of a UMA checkpoint for one task, without fairchem.
 
     ``checkpoint`` is a fairchem UMA inference checkpoint (path, bundled model
-    name such as ``"uma-demo-cu"``, or loaded :class:`UMACheckpoint`) or a built :class:`UMACore` (moved to ``device`` and
-    ``dtype`` in place; its task is the default ``task_name``). ``task_name`` is
-    the dataset head, required when there are several. ``atoms.info["charge"]``
-    and ``atoms.info["spin"]`` (multiplicity) select charge and spin.
+    name such as ``"uma-demo-cu"``, or loaded :class:`UMACheckpoint`) or a built
+    :class:`UMACore` (moved to ``device`` and ``dtype`` in place; its task is the
+    default ``task_name``). ``task_name`` is the dataset head, required when there
+    are several. ``atoms.info["charge"]`` and ``atoms.info["spin"]`` (multiplicity)
+    select charge and spin.
 
-    ``compile_mode``: ``None`` runs the model eagerly; ``"default"`` compiles
-    one graph per (atom count, edge bucket) with ``torch.compile``;
-    ``"reduce-overhead"`` also records a CUDA graph per bucket (on CPU it warns
-    once and uses ``"default"``). Other keyword arguments go to
-    :class:`fastcalc.calculator.TorchCalculator` (``skin``, ...).
+    Padding: atoms are padded with :func:`fastcalc.buckets.padded_size` (step 8, at
+    most 1/8 more atoms), edges with step ``bucket_size`` and at most 1/64 more
+    edges beyond it; padded atoms and edges add exactly nothing. ``compile_mode``
+    (see :func:`fastcalc.tracing.resolve_compile_mode`): ``"auto"`` (default) records
+    CUDA graphs on CUDA and runs eagerly on CPU; ``"default"`` compiles once with
+    dynamic shapes, so every system size shares one compilation; ``"reduce-overhead"``
+    also replays a CUDA graph recorded per padded shape; ``"eager"`` compiles
+    nothing. ``calc.compile_stats`` counts compilations, CUDA graphs and recompiles.
+    Other keyword arguments go to :class:`fastcalc.calculator.TorchCalculator`
+    (``skin``, ``max_neighbors``, ...).
+
+    Example::
+
+        from ase.build import bulk
+        atoms = bulk("Cu", cubic=True).repeat(3)
+        atoms.calc = BucketedCalculator("uma-demo-cu")
+        print(atoms.get_potential_energy(), atoms.get_forces()[0])
     """
 
     def __init__(
@@ -94,12 +103,17 @@ class BucketedCalculator(TorchCalculator):
         task_name: str | None = None,
         device: str | torch.device | None = None,
         dtype: str = "float32",
-        bucket_size: int = 1024,
-        compile_mode: str | None = "reduce-overhead",
+        bucket_size: int = 256,
+        compile_mode: str = "auto",
         **kwargs,
     ) -> None:
-        if compile_mode not in COMPILE_MODES:
-            raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
+        if compile_mode is None:
+            warnings.warn(
+                "BucketedCalculator(compile_mode=None) is deprecated: use compile_mode='eager'",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            compile_mode = "eager"
         if isinstance(checkpoint, (str, Path)):
             checkpoint = load_checkpoint(resolve_model_path(checkpoint))
         task_name = _resolve_task(checkpoint, task_name)
@@ -108,27 +122,13 @@ class BucketedCalculator(TorchCalculator):
         super().__init__(
             core.cutoff, supported_numbers=supported, device=device, dtype=dtype, **kwargs
         )
+        self.compile_mode = resolve_compile_mode(compile_mode, self.device)
         self.core = core.to(device=self.device, dtype=self.dtype).requires_grad_(False)
         self.core.set_task(task_name)
         self.bucket_size = bucket_size
-        self.compile_mode = self._effective_mode(compile_mode)
-        self._graphs = (
-            None
-            if self.compile_mode is None
-            else ShapeCompiledGraphs(self.core.energy_and_gradients, _shape, self.compile_mode)
-        )
-
-    def _effective_mode(self, mode: str | None) -> str | None:
-        global _warned_cpu_cuda_graphs
-        if mode == "reduce-overhead" and self.device.type != "cuda":
-            if not _warned_cpu_cuda_graphs:
-                warnings.warn(
-                    f"compile_mode='reduce-overhead' needs CUDA; using 'default' on {self.device}",
-                    stacklevel=3,
-                )
-                _warned_cpu_cuda_graphs = True
-            return "default"
-        return mode
+        self._runner = GraphRunner(self.core.energy_and_gradients, self.compile_mode)
+        # (numbers on the device, padded atoms, padded numbers, atom mask)
+        self._padded: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def task_name(self) -> str:
@@ -141,10 +141,30 @@ class BucketedCalculator(TorchCalculator):
 
     @property
     def compile_stats(self) -> dict[str, int]:
-        """``{"graphs": compiled shapes, "recompiles": recompilations of a known shape}``."""
-        return {"graphs": 0, "recompiles": 0} if self._graphs is None else self._graphs.stats
+        """``{"compilations", "cuda_graphs", "recompiles"}`` (see
+        :attr:`fastcalc.tracing.GraphRunner.stats`)."""
+        return self._runner.stats
 
-    def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
+    def _padded_numbers(self, numbers: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``numbers`` padded to ``atoms`` (padded atoms repeat the first element) and the
+        mask of real atoms; made again only when ``numbers`` (cached on the device by the
+        base class) or the padding changed."""
+        cached = self._padded
+        if cached is None or cached[0] is not numbers or cached[1] != atoms:
+            padding = numbers[:1].expand(atoms - len(numbers))
+            mask = atom_mask(len(numbers), atoms, numbers.device)
+            self._padded = (numbers, atoms, torch.cat([numbers, padding]), mask)
+        return self._padded[2], self._padded[3]
+
+    def evaluate(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        numbers: torch.Tensor,
+        edge_index: torch.Tensor,
+        unit_shifts: torch.Tensor,
+        compute_stress: bool,
+    ) -> tuple[float, np.ndarray, np.ndarray | None]:
         charge, spin = charge_and_spin(self.atoms.info, self.task_name)
         self.core.prepare(torch.from_numpy(self.atoms.numbers), charge, spin)  # host: no sync
         limit = self.core.max_neighbors
@@ -154,11 +174,16 @@ class BucketedCalculator(TorchCalculator):
                 edge_index, unit_shifts = apply_neighbor_limit(
                     edge_index, unit_shifts, lengths, len(numbers), limit
                 )
+        n = len(numbers)
+        atoms = padded_size(n, ATOM_STEP)
+        padded_numbers, mask = self._padded_numbers(numbers, atoms)
         edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
-        inputs = (positions, cell, numbers, edges.edge_index, edges.unit_shifts, edges.edge_mask)
-        run = self.core.energy_and_gradients if self._graphs is None else self._graphs
+        energy, forces, stress = self._runner(
+            pad_atoms(positions, atoms), cell, padded_numbers, edges.edge_index,
+            edges.unit_shifts, edges.edge_mask, mask,
+        )
         # one wait for the device; normalisers and element references apply on the host
-        energy, forces, stress = map(torch.from_numpy, to_host(*run(*inputs)))
+        energy, forces, stress = map(torch.from_numpy, to_host(energy, forces[:n], stress))
         out = self.core.outputs(energy, forces, stress, compute_stress)
         stress = out.get("stress")
         return float(out["energy"]), out["forces"].numpy(), None if stress is None else stress.numpy()

@@ -292,9 +292,12 @@ class UMACore(nn.Module):
         edge_index: torch.Tensor,
         unit_shifts: torch.Tensor,
         edge_mask: torch.Tensor | None = None,
+        atom_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Raw (normalised, reference-free) energy as a float64 scalar, differentiable
         in ``positions`` and ``cell``, for the system last given to :meth:`prepare`.
+        Atoms where ``atom_mask`` (N,) is False are padding: left out of the energy
+        (they must have no edges).
 
         Free of host synchronisation and data-dependent control flow, so it can be
         traced; use :meth:`compute` for physical outputs."""
@@ -329,6 +332,8 @@ class UMACore(nn.Module):
             atom_energy = layer(atom_energy)
             if index < len(self.head) - 1:
                 atom_energy = nn.functional.silu(atom_energy)
+        if atom_mask is not None:
+            atom_energy = torch.where(atom_mask.unsqueeze(-1), atom_energy, 0.0)
         return atom_energy.sum(dtype=torch.float64)  # accumulated in float64, as fairchem does
 
     def _envelope(self, lengths: torch.Tensor) -> torch.Tensor:
@@ -357,13 +362,14 @@ class UMACore(nn.Module):
         edge_index: torch.Tensor,
         unit_shifts: torch.Tensor,
         edge_mask: torch.Tensor | None = None,
+        atom_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Raw energy, ``-dE/dpositions`` and ``(1/V) dE/dstrain`` (3x3) from one backward pass.
 
         Traceable (the function fastcalc compiles); call :meth:`prepare` first.
         """
         return energy_forces_stress(
-            lambda x, c: self(x, c, numbers, edge_index, unit_shifts, edge_mask),
+            lambda x, c: self(x, c, numbers, edge_index, unit_shifts, edge_mask, atom_mask),
             positions, cell, compute_stress=True,
         )
 

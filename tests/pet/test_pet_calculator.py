@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pytest
@@ -16,10 +15,11 @@ from torch._dynamo.utils import counters
 
 import fastcalc.pet.calculator as calculator_module
 from fastcalc import InvalidAtomsError
+from fastcalc.buckets import padded_size
 from fastcalc.neighbors import neighbor_list
 from fastcalc.pet import CompiledPETCalculator, PaddedShape
 from fastcalc.pet.layout import build_layout, exact_shape
-from fastcalc.pet.padding import ATOM_STEP, WIDTH_STEP, padded_size
+from fastcalc.pet.padding import ATOM_STEP, WIDTH_STEP
 
 from .support import (
     CHARGED_STATE,
@@ -58,7 +58,7 @@ def eager(pet_models):
     def get(model: str) -> CompiledPETCalculator:
         if model not in cache:
             cache[model] = CompiledPETCalculator(
-                pet_models[model].pt, device="cpu", dtype="float64", compile=False
+                pet_models[model].pt, device="cpu", dtype="float64", compile_mode="eager"
             )
         return cache[model]
 
@@ -87,12 +87,12 @@ def test_no_stress_without_full_periodicity(eager):
 @pytest.mark.parametrize("source", ["ckpt", "loaded pair"])
 def test_checkpoint_or_loaded_model(source, pet_models, loaded, reference):
     model = pet_models["adaptive"].ckpt if source == "ckpt" else loaded("adaptive", ".pt")
-    calculator = CompiledPETCalculator(model, device="cpu", dtype="float64", compile=False)
+    calculator = CompiledPETCalculator(model, device="cpu", dtype="float64", compile_mode="eager")
     assert_matches(evaluated(make_structure("bulk"), calculator), reference("adaptive", "bulk"))
 
 
 def test_float32_calculator_is_close_to_upstream(pet_models, reference):
-    calculator = CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile=False)
+    calculator = CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile_mode="eager")
     assert calculator.core.edge_type_embedding.weight.dtype == torch.float32
     assert_matches(evaluated(make_structure("bulk"), calculator), reference("fixed", "bulk"), 1e-4)
 
@@ -104,7 +104,7 @@ def test_bundled_model_by_name():
 
     atoms = bulk("Cu", "fcc", a=3.61, cubic=True)
     atoms.rattle(0.05, seed=2)
-    calculator = CompiledPETCalculator("pet-demo-cu", device="cpu", compile=False)
+    calculator = CompiledPETCalculator("pet-demo-cu", device="cpu", compile_mode="eager")
     expected = upstream_results(MetatomicCalculator(str(PET_DEMO_CU), device="cpu"), atoms)
     assert_matches(evaluated(atoms, calculator), expected, 1e-4)
 
@@ -129,7 +129,7 @@ def test_a_too_narrow_layout_is_widened(pet_models, reference, monkeypatch):
 
     monkeypatch.setattr(calculator_module, "padded_shape", narrow)
     calculator = CompiledPETCalculator(
-        pet_models["adaptive"].pt, device="cpu", dtype="float64", compile=False
+        pet_models["adaptive"].pt, device="cpu", dtype="float64", compile_mode="eager"
     )
     assert_matches(evaluated(make_structure("bulk"), calculator), reference("adaptive", "bulk"))
     assert calculator._topology.shape.width > 2
@@ -138,7 +138,7 @@ def test_a_too_narrow_layout_is_widened(pet_models, reference, monkeypatch):
 def test_small_moves_reuse_one_search_and_match_upstream(pet_models):
     """Between neighbour searches the kept edges are re-chosen on every geometry."""
     calculator = CompiledPETCalculator(
-        pet_models["adaptive"].pt, device="cpu", dtype="float64", compile=False
+        pet_models["adaptive"].pt, device="cpu", dtype="float64", compile_mode="eager"
     )
     upstream = upstream_calculator(pet_models["adaptive"])
     atoms = make_structure("bulk")
@@ -229,19 +229,18 @@ def test_unsupported_element_is_refused_and_calculator_keeps_working(eager, refe
     assert_matches(atoms, reference("fixed", "molecule"))
 
 
-def test_compiling_on_cpu_warns_once(pet_models, monkeypatch):
-    monkeypatch.setattr(calculator_module, "_warned_cpu_compile", False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            CompiledPETCalculator(pet_models["fixed"].pt, device="cpu")
-        CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile=False)
-    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
-    assert sum("compile=False" in m for m in messages) == 1
+def test_old_compile_keyword_still_works_with_a_deprecation_warning(pet_models):
+    with pytest.warns(DeprecationWarning, match="compile_mode='auto', 'eager'"):
+        calculator = CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile=False)
+    assert calculator.compile_mode == "eager"
+
+
+def test_auto_runs_eagerly_on_cpu(pet_models):
+    assert CompiledPETCalculator(pet_models["fixed"].pt, device="cpu").compile_mode == "eager"
 
 
 def test_unknown_compile_mode_is_refused(pet_models):
-    with pytest.raises(ValueError, match="compile_mode"):
+    with pytest.raises(ValueError, match="compile_mode must be one of 'auto', 'eager'"):
         CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile_mode="fast")
 
 
@@ -258,9 +257,9 @@ def graphs() -> int:
 def test_compiled_calculator_across_buckets(compile_model):
     """Sizes within a bucket, charge and spin compile nothing new; crossing a bucket at
     most one graph; results kept from an earlier call stay intact."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        calculator = CompiledPETCalculator(compile_model.pt, device="cpu", dtype="float64")
+    calculator = CompiledPETCalculator(
+        compile_model.pt, device="cpu", dtype="float64", compile_mode="default"
+    )
     upstream = upstream_calculator(compile_model)
 
     def check(structure: str, **state) -> None:
@@ -276,5 +275,6 @@ def test_compiled_calculator_across_buckets(compile_model):
     assert graphs() == compiled
     check("molecule")  # 8 and 2 atoms: the bucket of 8
     check("tiny")
-    assert graphs() <= compiled + 1
+    assert graphs() == compiled
+    assert calculator.compile_stats == {"compilations": 1, "cuda_graphs": 0, "recompiles": 0}
     assert np.array_equal(kept["forces"], kept_forces)

@@ -56,7 +56,7 @@ def compiled(model):
 
 @pytest.fixture(scope="module")
 def eager(model):
-    return CompiledPETCalculator(model.pt, device="cuda", compile=False)
+    return CompiledPETCalculator(model.pt, device="cuda", compile_mode="eager")
 
 
 def results(calculator, atoms: Atoms, **info) -> dict[str, np.ndarray]:
@@ -102,10 +102,11 @@ def test_compiled_matches_eager_and_upstream_over_repeated_sizes(model, compiled
 def test_returning_to_a_bucket_reuses_its_graph(model, compiled):
     results(compiled, SIZES["bulk"]())
     results(compiled, SIZES["bulk x4"]())
-    before, recorded = graphs(), compiled.cuda_graphs
+    before, stats = graphs(), compiled.compile_stats
     back = results(compiled, SIZES["bulk"]())
     assert graphs() == before
-    assert compiled.cuda_graphs == recorded
+    assert compiled.compile_stats == stats
+    assert stats["compilations"] == 1 and stats["recompiles"] == 0
     assert_close(back, upstream(upstream_calculator(model), SIZES["bulk"]()))
 
 

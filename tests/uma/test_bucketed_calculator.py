@@ -15,17 +15,17 @@ from test_against_fairchem import assert_matches, evaluate
 def test_task_name_required_when_ambiguous(uma_checkpoints):
     path = uma_checkpoints["main"].path
     with pytest.raises(ValueError, match=r"task_name.*'oc20', 'omat', 'omol'"):
-        BucketedCalculator(path, device="cpu", compile_mode=None)
+        BucketedCalculator(path, device="cpu", compile_mode="eager")
     with pytest.raises(UnknownTaskError, match="omcat"):
-        BucketedCalculator(path, task_name="omcat", device="cpu", compile_mode=None)
+        BucketedCalculator(path, task_name="omcat", device="cpu", compile_mode="eager")
 
 
 def test_single_task_and_core_defaults(uma_checkpoints):
     checkpoint = load_checkpoint(uma_checkpoints["main"].path)
     checkpoint.tasks = {"omat": checkpoint.tasks["omat"]}
-    assert BucketedCalculator(checkpoint, device="cpu", compile_mode=None).task_name == "omat"
+    assert BucketedCalculator(checkpoint, device="cpu", compile_mode="eager").task_name == "omat"
     core = UMACore(load_checkpoint(uma_checkpoints["main"].path), "oc20")
-    calc = BucketedCalculator(core, device="cpu", compile_mode=None)
+    calc = BucketedCalculator(core, device="cpu", compile_mode="eager")
     assert calc.task_name == "oc20"
     assert calc.supported_numbers == frozenset(range(1, 100))  # max_num_elements = 100
 
@@ -75,20 +75,28 @@ def test_bucket_size_changes_nothing(uma_checkpoints, our_calculator):
     for bucket_size in (1, 4096):
         calc = BucketedCalculator(
             uma_checkpoints["main"].path, task_name=task, dtype="float64", device="cpu",
-            compile_mode=None, bucket_size=bucket_size,
+            compile_mode="eager", bucket_size=bucket_size,
         )
         other = evaluate(calc, atoms)
         for key in small:
             np.testing.assert_allclose(other[key], small[key], rtol=1e-12, atol=1e-12)
 
 
-def test_reduce_overhead_on_cpu_warns_and_compiles_default(uma_checkpoints):
-    import fastcalc.uma.calculator as module
-
-    module._warned_cpu_cuda_graphs = False
+def test_compile_modes_have_one_meaning_on_cpu(uma_checkpoints):
     path = uma_checkpoints["main"].path
-    with pytest.warns(UserWarning, match="needs CUDA"):
-        calc = BucketedCalculator(path, task_name="omat", device="cpu")
+    assert BucketedCalculator(path, task_name="omat", device="cpu").compile_mode == "eager"
+    with pytest.warns(UserWarning, match="needs CUDA; using 'default'"):
+        calc = BucketedCalculator(
+            path, task_name="omat", device="cpu", compile_mode="reduce-overhead"
+        )
     assert calc.compile_mode == "default"
-    with pytest.raises(ValueError, match="compile_mode"):
+    with pytest.raises(ValueError, match="compile_mode must be one of 'auto', 'eager'"):
         BucketedCalculator(path, task_name="omat", device="cpu", compile_mode="max-autotune")
+
+
+def test_compile_mode_none_still_means_eager_with_a_deprecation_warning(uma_checkpoints):
+    with pytest.warns(DeprecationWarning, match="compile_mode='eager'"):
+        calc = BucketedCalculator(
+            uma_checkpoints["main"].path, task_name="omat", device="cpu", compile_mode=None
+        )
+    assert calc.compile_mode == "eager"

@@ -37,7 +37,7 @@ from uma_reference import structures
 
 task, atoms = structures()["bulk"]
 atoms.calc = BucketedCalculator(
-    sys.argv[1], task_name=task, dtype="float64", device="cpu", compile_mode=None
+    sys.argv[1], task_name=task, dtype="float64", device="cpu", compile_mode="eager"
 )
 result = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces().tolist(),
           "stress": atoms.get_stress().tolist()}

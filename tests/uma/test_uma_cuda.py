@@ -34,7 +34,7 @@ def calculators(uma_checkpoints):
     path = uma_checkpoints["main"].path
     graphs = BucketedCalculator(path, task_name="omat", device="cuda", bucket_size=512)
     eager = BucketedCalculator(
-        path, task_name="omat", device="cuda", bucket_size=512, compile_mode=None
+        path, task_name="omat", device="cuda", bucket_size=512, compile_mode="eager"
     )
     return graphs, eager
 
@@ -58,16 +58,29 @@ def test_cuda_graphs_match_eager_and_keep_earlier_results(calculators):
 
 
 def test_buckets_reuse_graphs_without_recompiling(calculators):
-    """32 atoms with ~1340 edges (bucket 1536), then ~1730 edges (bucket 2048), and back."""
+    """32 atoms with ~1340 edges (bucket 1536), then ~1730 edges (bucket 2048), and back:
+    one more CUDA graph, no compilation."""
     graphs, eager = calculators
     results(graphs, copper((2, 2, 2), 7))
     stats = graphs.compile_stats
     results(graphs, copper((2, 2, 2), 7, scale=0.85))  # same atoms, next edge bucket
-    assert graphs.compile_stats["graphs"] == stats["graphs"] + 1
+    assert graphs.compile_stats["cuda_graphs"] == stats["cuda_graphs"] + 1
     for seed in range(3):  # back and forth, new geometries within each bucket
         for atoms in (copper((2, 2, 2), seed), copper((2, 2, 2), seed, scale=0.85)):
             assert_close(results(graphs, atoms), results(eager, atoms))
-    assert graphs.compile_stats == {"graphs": stats["graphs"] + 1, "recompiles": 0}
+    assert graphs.compile_stats == {
+        "compilations": 1, "cuda_graphs": stats["cuda_graphs"] + 1, "recompiles": 0
+    }
+
+
+def test_new_atom_counts_record_graphs_without_compiling(calculators):
+    graphs, eager = calculators
+    results(graphs, copper((2, 2, 2), 1))
+    for repeats in [(1, 1, 1), (2, 1, 1), (3, 2, 2), (3, 3, 3)]:
+        atoms = copper(repeats, 2)
+        assert_close(results(graphs, atoms), results(eager, atoms))
+    assert graphs.compile_stats["compilations"] == 1
+    assert graphs.compile_stats["recompiles"] == 0
 
 
 def test_cuda_graphs_follow_a_composition_change(calculators):
