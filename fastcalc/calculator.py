@@ -28,11 +28,16 @@ from .geometry import energy_forces_stress
 from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList
 
 __all__ = [
-    "InvalidAtomsError", "PotentialCalculator", "TorchCalculator", "resolve_device", "to_host"
+    "InvalidAtomsError",
+    "PotentialCalculator",
+    "TorchCalculator",
+    "charge_and_spin",
+    "resolve_device",
+    "to_host",
 ]
 
 #: ``atoms.info`` keys that change a model's result without changing the Atoms.
-INFO_KEYS = ("charge", "spin")
+INFO_KEYS = ("charge", "spin", "spin_multiplicity")
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -80,6 +85,27 @@ def check_structure(atoms: Atoms, supported_numbers: Collection[int] | None) -> 
             raise InvalidAtomsError(f"the model does not support {names}; it supports {allowed}")
 
 
+def _integer(key: str, value: object) -> int:
+    """``value`` as an int if it is integral (floats like 1.0 included)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise InvalidAtomsError(f"atoms.info[{key!r}] must be an integer, got {value!r}")
+    if not float(value).is_integer():
+        raise InvalidAtomsError(f"atoms.info[{key!r}] must be an integer, got {value!r}")
+    return int(value)
+
+
+def charge_and_spin(info: dict, default_spin: int = 1) -> tuple[int, int]:
+    """Total charge (``info["charge"]``, default 0) and spin multiplicity 2S + 1
+    (``info["spin_multiplicity"]``, else ``info["spin"]``, default ``default_spin``), as
+    integers; integral floats such as ``1.0`` count, anything else is an
+    :class:`InvalidAtomsError`. Models check the ranges they accept."""
+    spin_key = "spin_multiplicity" if "spin_multiplicity" in info else "spin"
+    return (
+        _integer("charge", info.get("charge", 0)),
+        _integer(spin_key, info.get(spin_key, default_spin)),
+    )
+
+
 def _symbol(number: int) -> str:
     return chemical_symbols[number] if 0 <= number < len(chemical_symbols) else f"Z={number}"
 
@@ -95,6 +121,8 @@ class TorchCalculator(Calculator):
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
+    #: What ``todict()`` (and so ASE's trajectories) records: the constructor's settings.
+    default_parameters = {"device": None, "dtype": "float32", "skin": 0.5, "max_neighbors": 4096}
     #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
     #: tensors until the next search) instead of the pairs within the cutoff.
     takes_candidates = False
@@ -118,6 +146,9 @@ class TorchCalculator(Calculator):
         self.device = resolve_device(device)
         self.dtype = _DTYPES[dtype]
         self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
+        self.parameters.update(
+            device=str(self.device), dtype=dtype, skin=skin, max_neighbors=max_neighbors
+        )
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
         self._checked: tuple[np.ndarray, ...] | None = None
 

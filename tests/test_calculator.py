@@ -10,6 +10,7 @@ from ase.md.verlet import VelocityVerlet
 from pair_potential import CUTOFF, ase_morse, morse_energy
 
 from fastcalc import InvalidAtomsError, PotentialCalculator
+from fastcalc.calculator import charge_and_spin
 
 
 def morse(**kwargs) -> PotentialCalculator:
@@ -196,3 +197,18 @@ def test_results_do_not_depend_on_the_skin():
             np.testing.assert_allclose(with_skin.results[key], without_skin.results[key],
                                        rtol=0, atol=1e-12)
     assert with_skin.neighbors.searches == 1 and without_skin.neighbors.searches == 4
+
+
+@pytest.mark.parametrize(
+    "info, expected",
+    [({}, (0, 1)), ({"charge": -1, "spin": 3}, (-1, 3)), ({"charge": 2.0}, (2, 1)),
+     ({"spin_multiplicity": 2, "spin": 5}, (0, 2))],
+)
+def test_charge_and_spin_read_from_info(info, expected):
+    assert charge_and_spin(info) == expected
+
+
+@pytest.mark.parametrize("info", [{"charge": 0.5}, {"spin": "2"}, {"charge": True}])
+def test_non_integer_charge_or_spin_is_refused(info):
+    with pytest.raises(InvalidAtomsError, match="must be an integer"):
+        charge_and_spin(info)

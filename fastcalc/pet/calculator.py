@@ -19,9 +19,14 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from ase import Atoms
 
-from ..calculator import InvalidAtomsError, TorchCalculator, resolve_device, to_host
+from ..calculator import (
+    InvalidAtomsError,
+    TorchCalculator,
+    charge_and_spin,
+    resolve_device,
+    to_host,
+)
 from ..models import resolve_model_path
 from ..tracing import GraphRunner, resolve_compile_mode
 from .core import PETCore
@@ -32,26 +37,7 @@ from ..buckets import atom_mask, pad_atoms, padded_size
 from .padding import WIDTH_STEP, PaddedShape, padded_shape
 from .trace import graph_inputs, step_graph
 
-__all__ = ["CompiledPETCalculator", "charge_and_spin"]
-
-
-def _integer(key: str, value: object) -> int:
-    """``value`` as an int if it is integral (floats like 1.0 included)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise InvalidAtomsError(f"atoms.info[{key!r}] must be an integer, got {value!r}")
-    if not float(value).is_integer():
-        raise InvalidAtomsError(f"atoms.info[{key!r}] must be an integer, got {value!r}")
-    return int(value)
-
-
-def charge_and_spin(info: dict) -> tuple[int, int]:
-    """Total charge (``info["charge"]``, default 0) and spin multiplicity
-    (``info["spin_multiplicity"]``, else ``info["spin"]``, default 1), as metatomic reads them."""
-    spin_key = "spin_multiplicity" if "spin_multiplicity" in info else "spin"
-    return (
-        _integer("charge", info.get("charge", 0)),
-        _integer(spin_key, info.get(spin_key, 1)),
-    )
+__all__ = ["CompiledPETCalculator"]
 
 
 def _legacy_compile_mode(
@@ -126,6 +112,7 @@ class CompiledPETCalculator(TorchCalculator):
     """
 
     takes_candidates = True
+    default_parameters = {**TorchCalculator.default_parameters, "compile_mode": "auto"}
 
     def __init__(
         self,
@@ -153,6 +140,8 @@ class CompiledPETCalculator(TorchCalculator):
         self._host_species = self.core.species_index.cpu().numpy()
         self.compile_mode = resolve_compile_mode(compile_mode, self.device)
         self._runner = GraphRunner(step_graph(self.core), self.compile_mode)
+        name = str(model) if isinstance(model, (str, Path)) else "PETCore"
+        self.parameters.update(model=name, compile_mode=compile_mode)
         self._topology: Topology | None = None
         self._states: dict[tuple[int, int], torch.Tensor] = {}
         # (numbers on the device, padded atoms, padded species there, species on the host)
@@ -163,14 +152,6 @@ class CompiledPETCalculator(TorchCalculator):
         """``{"compilations", "cuda_graphs", "recompiles"}`` (see
         :attr:`fastcalc.tracing.GraphRunner.stats`)."""
         return self._runner.stats
-
-    def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
-        changes = super().check_state(atoms, tol)
-        if self.atoms is not None and self.atoms.info.get("spin_multiplicity") != atoms.info.get(
-            "spin_multiplicity"
-        ):
-            changes.append("info")
-        return changes
 
     def _state(self) -> tuple[int, int]:
         """Checked (charge, spin multiplicity); (0, 1) for models without conditioning."""

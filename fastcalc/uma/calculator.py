@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..buckets import atom_mask, pad_atoms, pad_edges, padded_size
-from ..calculator import InvalidAtomsError, TorchCalculator, to_host
+from ..calculator import InvalidAtomsError, TorchCalculator, charge_and_spin, to_host
 from ..geometry import edge_vectors
 from ..models import resolve_model_path
 from ..tracing import GraphRunner, resolve_compile_mode
@@ -24,7 +24,7 @@ from .checkpoint import UMACheckpoint, load_checkpoint
 from .core import UMACore
 from .graph import apply_neighbor_limit
 
-__all__ = ["BucketedCalculator", "charge_and_spin"]
+__all__ = ["BucketedCalculator"]
 
 #: Padded atom counts are multiples of at least this (see :func:`fastcalc.buckets.padded_size`).
 ATOM_STEP = 8
@@ -32,23 +32,17 @@ CHARGE_RANGE = (-100, 100)  # fairchem's accepted ranges and defaults
 SPIN_RANGE = (0, 100)
 
 
-def charge_and_spin(info: dict, task_name: str) -> tuple[int, int]:
-    """Total charge and spin multiplicity from ``atoms.info``, with fairchem's defaults
-    (charge 0; spin 1 for ``omol``, else 0) and checks (integers, charge in
-    [-100, 100], spin in [0, 100]); :class:`InvalidAtomsError` otherwise."""
-    default_spin = 1 if task_name == "omol" else 0
-    values = {"charge": info.get("charge", 0), "spin": info.get("spin", default_spin)}
-    for (key, value), (low, high) in zip(values.items(), (CHARGE_RANGE, SPIN_RANGE)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise InvalidAtomsError(
-                f"atoms.info[{key!r}] must be an integer, got {value!r} ({type(value).__name__})"
-            )
+def checked_charge_and_spin(info: dict, task_name: str) -> tuple[int, int]:
+    """:func:`fastcalc.calculator.charge_and_spin` with fairchem's spin default (1 for
+    ``omol``, else 0) and ranges (charge in [-100, 100], spin in [0, 100])."""
+    values = charge_and_spin(info, default_spin=1 if task_name == "omol" else 0)
+    for key, value, (low, high) in zip(("charge", "spin"), values, (CHARGE_RANGE, SPIN_RANGE)):
         if not low <= value <= high:
             raise InvalidAtomsError(
                 f"atoms.info[{key!r}] = {value} is outside the range {low} to {high}"
                 + (" (spin is the multiplicity 2S + 1; 0 means unset)" if key == "spin" else "")
             )
-    return int(values["charge"]), int(values["spin"])
+    return values
 
 
 def _resolve_task(core_or_checkpoint: UMACore | UMACheckpoint, task_name: str | None) -> str:
@@ -96,6 +90,13 @@ class BucketedCalculator(TorchCalculator):
         print(atoms.get_potential_energy(), atoms.get_forces()[0])
     """
 
+    default_parameters = {
+        **TorchCalculator.default_parameters,
+        "task_name": None,
+        "bucket_size": 256,
+        "compile_mode": "auto",
+    }
+
     def __init__(
         self,
         checkpoint: str | Path | UMACheckpoint | UMACore,
@@ -114,6 +115,7 @@ class BucketedCalculator(TorchCalculator):
                 stacklevel=2,
             )
             compile_mode = "eager"
+        name = str(checkpoint) if isinstance(checkpoint, (str, Path)) else type(checkpoint).__name__
         if isinstance(checkpoint, (str, Path)):
             checkpoint = load_checkpoint(resolve_model_path(checkpoint))
         task_name = _resolve_task(checkpoint, task_name)
@@ -127,6 +129,9 @@ class BucketedCalculator(TorchCalculator):
         self.core.set_task(task_name)
         self.bucket_size = bucket_size
         self._runner = GraphRunner(self.core.energy_and_gradients, self.compile_mode)
+        self.parameters.update(
+            checkpoint=name, task_name=task_name, bucket_size=bucket_size, compile_mode=compile_mode
+        )
         # (numbers on the device, padded atoms, padded numbers, atom mask)
         self._padded: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
 
@@ -165,7 +170,7 @@ class BucketedCalculator(TorchCalculator):
         unit_shifts: torch.Tensor,
         compute_stress: bool,
     ) -> tuple[float, np.ndarray, np.ndarray | None]:
-        charge, spin = charge_and_spin(self.atoms.info, self.task_name)
+        charge, spin = checked_charge_and_spin(self.atoms.info, self.task_name)
         self.core.prepare(torch.from_numpy(self.atoms.numbers), charge, spin)  # host: no sync
         limit = self.core.max_neighbors
         if 0 < limit < self.neighbors.most_candidates:  # else no atom can exceed it: skip

@@ -10,37 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
-def neighbor_list(
-    positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """All pairs within ``cutoff``: ``(edge_index (2,E) int64, unit_shifts (E,3) int64)``.
-
-    The one place that produces a raw neighbour list: fastcalc's nvalchemiops
-    search when available, else ASE's ``neighbor_list("ijS")`` (same convention).
-    """
-    try:
-        from fastcalc.neighbors import neighbor_list as fast_neighbor_list
-    except ImportError:
-        return _ase_neighbor_list(positions, cell, pbc, cutoff)
-    return fast_neighbor_list(
-        torch.as_tensor(positions, dtype=torch.float64),
-        torch.as_tensor(cell, dtype=torch.float64),
-        torch.as_tensor(np.asarray(pbc, dtype=bool)),
-        float(cutoff),
-    )
-
-
-def _ase_neighbor_list(
-    positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from ase import Atoms
-    from ase.neighborlist import neighbor_list as ase_neighbor_list
-
-    atoms = Atoms(positions=positions, cell=cell, pbc=pbc)
-    i, j, shifts = ase_neighbor_list("ijS", atoms, float(cutoff))
-    edge_index = torch.from_numpy(np.stack((i, j)).astype(np.int64))
-    return edge_index, torch.from_numpy(shifts.astype(np.int64))
+from ..neighbors import neighbor_list
 
 
 def limit_neighbors(
@@ -96,10 +66,13 @@ def build_topology(
     cutoff: float,
     max_neighbors: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Neighbour list within ``cutoff`` filtered by fairchem's ``max_neighbors`` rule."""
-    edge_index, unit_shifts = neighbor_list(positions, cell, pbc, cutoff)
+    """Neighbour list within ``cutoff`` (:func:`fastcalc.neighbors.neighbor_list`, on the
+    CPU in float64) filtered by fairchem's ``max_neighbors`` rule."""
     pos = torch.as_tensor(positions, dtype=torch.float64)
     lattice = torch.as_tensor(cell, dtype=torch.float64)
+    edge_index, unit_shifts = neighbor_list(
+        pos, lattice, torch.as_tensor(np.asarray(pbc, dtype=bool)), float(cutoff)
+    )
     vectors = pos[edge_index[1]] - pos[edge_index[0]] + unit_shifts.double() @ lattice
     return apply_neighbor_limit(
         edge_index, unit_shifts, vectors.square().sum(-1), len(positions), max_neighbors

@@ -278,3 +278,8 @@ def test_compiled_calculator_across_buckets(compile_model):
     assert graphs() == compiled
     assert calculator.compile_stats == {"compilations": 1, "cuda_graphs": 0, "recompiles": 0}
     assert np.array_equal(kept["forces"], kept_forces)
+
+
+def test_todict_records_the_settings_that_differ_from_the_defaults():
+    calculator = CompiledPETCalculator("pet-demo-cu", device="cpu", dtype="float64")
+    assert calculator.todict() == {"model": "pet-demo-cu", "device": "cpu", "dtype": "float64"}

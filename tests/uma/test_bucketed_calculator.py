@@ -100,3 +100,12 @@ def test_compile_mode_none_still_means_eager_with_a_deprecation_warning(uma_chec
             uma_checkpoints["main"].path, task_name="omat", device="cpu", compile_mode=None
         )
     assert calc.compile_mode == "eager"
+
+
+def test_todict_records_the_settings_that_differ_from_the_defaults(uma_checkpoints):
+    path = uma_checkpoints["main"].path
+    calc = BucketedCalculator(path, task_name="omat", device="cpu", bucket_size=64, skin=0.3)
+    assert calc.todict() == {
+        "checkpoint": str(path), "task_name": "omat", "device": "cpu", "bucket_size": 64,
+        "skin": 0.3,
+    }
