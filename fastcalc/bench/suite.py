@@ -37,6 +37,7 @@ from ase.calculators.calculator import Calculator
 from tqdm.auto import tqdm
 
 from ..pet import CompiledPETCalculator
+from ..registry import families
 from ..uma import BucketedCalculator
 from .stream import StreamRecord, plot_stream, stream_structures, time_stream
 from .timing import (
@@ -56,7 +57,16 @@ from .upstream import (
     metatomic_calculator,
 )
 
-__all__ = ["MODELS", "Agreement", "check_agreement", "run_benchmark", "run_stream"]
+__all__ = [
+    "MODELS",
+    "Agreement",
+    "Contest",
+    "check_agreement",
+    "pet_contest",
+    "run_benchmark",
+    "run_stream",
+    "uma_contest",
+]
 
 #: PET-S-shaped: 3 GNN layers of one attention layer, adaptive cutoffs of 16 neighbours.
 PET_S = dict(
@@ -112,7 +122,7 @@ def _once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
     return get
 
 
-def _pet(folder: Path, device: str, small: bool) -> Contest:
+def pet_contest(folder: Path, device: str, small: bool) -> Contest:
     """PET-S-shaped (or tiny) PET exported into ``folder``; one calculator of each kind."""
     path = export_pet(PET_TINY if small else PET_S, folder / "pet.pt", seed=0)
     factories = {
@@ -132,7 +142,7 @@ def _pet(folder: Path, device: str, small: bool) -> Contest:
     )
 
 
-def _uma(folder: Path, device: str, small: bool) -> Contest:
+def uma_contest(folder: Path, device: str, small: bool) -> Contest:
     """UMA-S-shaped (or tiny) checkpoint saved in ``folder``; new calculators per size.
 
     ``fairchem`` is the ``high-precision`` preset as fairchem picks its backend
@@ -163,8 +173,10 @@ def _uma(folder: Path, device: str, small: bool) -> Contest:
     )
 
 
-#: The benchmarked models by command-line name.
-MODELS: dict[str, Callable[[Path, str, bool], Contest]] = {"pet": _pet, "uma": _uma}
+#: The benchmarked models by command-line name: the registered families' contests.
+MODELS: dict[str, Callable[[Path, str, bool], Contest]] = {
+    name: family.contest for name, family in families().items() if family.contest is not None
+}
 
 
 @dataclass(frozen=True)

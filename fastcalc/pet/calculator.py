@@ -22,7 +22,7 @@ import torch
 from ase import Atoms
 
 from ..calculator import InvalidAtomsError, TorchCalculator, to_host
-from ..models import resolve_model_path
+from ..registry import resolve_model_path
 from .core import PETCore
 from .energy import apply_reference
 from .layout import Candidates, sized_candidates
@@ -82,7 +82,7 @@ class Topology(NamedTuple):
 class CompiledPETCalculator(TorchCalculator):
     """Energy, free energy, forces and (3D-periodic systems) stress of a PET model.
 
-    ``model`` is a bundled model name (see :func:`fastcalc.models.resolve_model_path`),
+    ``model`` is a bundled model name (see :func:`fastcalc.registry.resolve_model_path`),
     a path to a metatomic export (``.pt``) or metatrain checkpoint (``.ckpt``), or a
     ``(PETCore, PETMetadata)`` pair as :func:`fastcalc.pet.load_pet` returns (the core
     is moved to ``device`` and ``dtype`` in place). Models with system conditioning

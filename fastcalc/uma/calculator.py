@@ -17,7 +17,7 @@ import torch
 from ..buckets import pad_edges
 from ..calculator import InvalidAtomsError, TorchCalculator, to_host
 from ..geometry import edge_vectors
-from ..models import resolve_model_path
+from ..registry import resolve_model_path
 from .checkpoint import UMACheckpoint, load_checkpoint
 from .compiled import ShapeCompiledGraphs
 from .core import UMACore
