@@ -10,7 +10,12 @@ from ase.calculators.emt import EMT
 from fastcalc import registry
 from fastcalc.bench.suite import PET_TINY
 from fastcalc.bench.upstream import build_checkpoint, default_backbone, pet_model
-from fastcalc.models import DEMO_MODELS, load_calculator, model_family, resolve_model_path
+from fastcalc.models import (
+    DEMO_MODELS,
+    load_calculator,
+    model_family,
+    resolve_model_path,
+)
 from fastcalc.registry import ModelFamily, UnknownModelError, register
 
 UNKNOWN = r"is not a model file of any known family: pet \(.*\); uma \(.*\)"
