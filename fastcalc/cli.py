@@ -4,18 +4,22 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from pathlib import Path
 
 import torch
 from ase.io import read
 
-from .bench.suite import MODELS, run_benchmark
+from .bench.suite import MODELS, run_benchmark, run_stream
 from .bench.timing import COPPER_REPEATS
 from .md import ENSEMBLES, default_structure, run_md
 from .models import DEMO_MODELS, load_calculator
 
-__all__ = ["main"]
+__all__ = ["WORKLOADS", "default_out", "main"]
+
+#: What ``fastcalc bench`` times.
+WORKLOADS = ("sizes", "stream")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,18 +43,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("model", nargs="?", choices=(*MODELS, "all"), default="all",
                        help="PET-S- or UMA-S-shaped random model, or both (default)")
+    bench.add_argument("--workload", choices=WORKLOADS, default="sizes",
+                       help="sizes: fcc copper at each size (default); stream: one calculator "
+                            "over a list of different structures")
     bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     bench.add_argument("--sizes", type=int, nargs="+", choices=sorted(COPPER_REPEATS),
                        metavar="N", help="atom counts of fcc copper (default: 64 108 1008)")
     bench.add_argument("--calls", type=_at_least(1), metavar="N",
-                       help="timed calls per size (default: 20)")
+                       help="timed calls per size (default: 20) or per structure of the "
+                            "stream (default: 10)")
     bench.add_argument("--warmup", type=_at_least(0), metavar="N",
                        help="warm-up calls per size before timing (default: 3)")
-    bench.add_argument("--out", type=Path, default=Path("benchmarks/results"), metavar="FOLDER",
-                       help="where pet.json, uma.json and their plots go "
-                            "(default: benchmarks/results)")
+    bench.add_argument("--out", type=Path, metavar="FOLDER",
+                       help="where the records (pet.json, uma.json or stream.json) and their "
+                            "plots go (default: a new folder ./fastcalc-bench-DATE-TIME)")
     bench.add_argument("--small", action="store_true",
-                       help="tiny models on 32 atoms, 3 calls after 2 warm-up: a smoke test")
+                       help="tiny models, 32 atoms or three small structures, 3 or 2 calls: "
+                            "a smoke test")
     return parser
 
 
@@ -79,14 +88,26 @@ def _md(args: argparse.Namespace) -> None:
     print(summary)
 
 
+def default_out(now: datetime.datetime) -> Path:
+    """A new folder for the records, named by the time: never the committed records."""
+    return Path(f"fastcalc-bench-{now:%Y-%m-%d-%H%M%S}")
+
+
 def _bench(args: argparse.Namespace) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out = args.out or default_out(datetime.datetime.now())
+    print(f"fastcalc bench: writing into {out}", flush=True)
+    names = list(MODELS) if args.model == "all" else [args.model]
+    if args.workload == "stream":
+        calls = args.calls if args.calls is not None else (2 if args.small else 10)
+        run_stream(names, device=device, calls=calls, out=out, small=args.small)
+        return
     sizes = args.sizes or ([32] if args.small else [64, 108, 1008])
     calls = args.calls if args.calls is not None else (3 if args.small else 20)
     warmup = args.warmup if args.warmup is not None else (2 if args.small else 3)
-    for name in MODELS if args.model == "all" else [args.model]:
+    for name in names:
         run_benchmark(name, device=device, sizes=sizes, calls=calls, warmup=warmup,
-                      out=args.out, small=args.small)
+                      out=out, small=args.small)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,28 @@
-"""The benchmark harness times every implementation on the same calls and records it."""
+"""The benchmark harness times every implementation on the same calls and records each
+time next to its force error against an accurate reference."""
 
 import json
 
+import numpy as np
+import pytest
+from ase.calculators.calculator import all_changes
+from ase.calculators.morse import MorsePotential
 from pair_potential import CUTOFF, ase_morse, morse_energy
 
 from fastcalc import PotentialCalculator
-from fastcalc.bench import copper, plot_records, time_calculators, write_records
+from fastcalc.bench import (
+    BenchRecord,
+    copper,
+    plot_records,
+    ratio_table,
+    time_calculators,
+    write_records,
+)
+from fastcalc.bench.stream import plot_stream, stream_structures, time_stream
+from fastcalc.bench.upstream import PET_ELEMENTS
+
+RECORD_KEYS = {"date", "gpu", "torch", "model", "natoms", "impl", "median_ms", "p90_ms",
+               "force_rel_err", "warmup_s", "peak_mem_gib", "recompiles"}
 
 
 def test_records_one_row_per_implementation_and_plots_them(tmp_path):
@@ -13,7 +30,8 @@ def test_records_one_row_per_implementation_and_plots_them(tmp_path):
         "fastcalc": lambda: PotentialCalculator(morse_energy, CUTOFF, device="cpu"),
         "ase": ase_morse,
     }
-    records = time_calculators(calculators, copper(32), "morse", warmup=1, calls=3)
+    records = time_calculators(calculators, copper(32), "morse", reference=ase_morse,
+                               warmup=1, calls=3)
     assert [r.impl for r in records] == ["fastcalc", "ase"]
     for record in records:
         assert record.natoms == 32 and record.model == "morse" and record.gpu == "cpu"
@@ -21,17 +39,115 @@ def test_records_one_row_per_implementation_and_plots_them(tmp_path):
         assert record.warmup_s > 0 and record.recompiles == 0
     write_records(records, tmp_path / "bench.json")
     rows = json.loads((tmp_path / "bench.json").read_text())
-    assert set(rows[0]) == {"date", "gpu", "torch", "model", "natoms", "impl", "median_ms",
-                            "p90_ms", "warmup_s", "peak_mem_gib", "recompiles"}
+    assert set(rows[0]) == RECORD_KEYS
     plot_records(records, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_force_error_is_float32_round_off_for_fastcalc_and_zero_for_the_reference_itself():
+    calculators = {
+        "fastcalc": lambda: PotentialCalculator(morse_energy, CUTOFF, device="cpu"),
+        "ase": ase_morse,
+    }
+    records = time_calculators(calculators, copper(32), "morse", reference=ase_morse,
+                               warmup=0, calls=1)
+    errors = {r.impl: r.force_rel_err for r in records}
+    assert errors["ase"] == 0.0
+    assert 0.0 < errors["fastcalc"] < 1e-5
+
+
+def test_force_error_is_relative_to_the_largest_reference_force():
+    # Morse forces scale with epsilon: against 1.01 epsilon, |F - F_ref| = 0.01/1.01 |F_ref|
+    def stronger() -> MorsePotential:
+        calc = ase_morse()
+        calc.set(epsilon=1.01 * calc.parameters.epsilon)
+        return calc
+
+    (record,) = time_calculators({"ase": ase_morse}, copper(32), "morse", reference=stronger,
+                                 warmup=1, calls=2)
+    assert record.force_rel_err == pytest.approx(0.01 / 1.01, rel=1e-9)
+
+
+class Recording(MorsePotential):
+    """ASE's Morse potential that keeps the positions of every evaluation."""
+
+    def __init__(self, seen: list):
+        calc = ase_morse()
+        super().__init__(**calc.parameters)
+        self.seen = seen
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        self.seen.append((len(atoms), atoms.positions.copy()))
+        super().calculate(atoms, properties, system_changes)
+
+
+def test_force_error_is_measured_on_the_positions_of_the_first_timed_call():
+    reference, timed = [], []
+    time_calculators({"ase": lambda: Recording(timed)}, copper(32), "morse",
+                     reference=lambda: Recording(reference), warmup=2, calls=3)
+    assert len(reference) == 1 and len(timed) == 5
+    np.testing.assert_array_equal(reference[0][1], timed[2][1])  # after 2 warm-up calls
+
+
 def test_ratio_table_puts_both_implementations_of_a_size_on_one_row():
-    from fastcalc.bench import BenchRecord, ratio_table
+    def record(impl, ms, error):
+        return BenchRecord("2026-11-30", "cpu", "2.13", "m", 64, impl, ms, ms, error, 1.0, 0.5, 0)
 
-    def record(impl, ms):
-        return BenchRecord("2026-11-30", "cpu", "2.13", "m", 64, impl, ms, ms, 1.0, 0.5, 0)
+    table = ratio_table([record("upstream", 30.0, 2e-6), record("fastcalc", 10.0, 3e-7)],
+                        "upstream")
+    assert table.splitlines()[2] == (
+        "| 64 | 30.00 | 10.00 | 3.00x | 2.0e-06 / 3.0e-07 | 1.0 / 1.0 | 0.50 / 0.50 | 0 |"
+    )
 
-    table = ratio_table([record("upstream", 30.0), record("fastcalc", 10.0)], "upstream")
-    assert table.splitlines()[2] == "| 64 | 30.00 | 10.00 | 3.00x | 1.0 / 1.0 | 0.50 / 0.50 | 0 |"
+
+def test_the_stream_is_ten_or_more_distinct_cells_of_32_to_500_atoms():
+    structures = [atoms for _, atoms in stream_structures()]
+    assert len(structures) >= 10
+    assert all(32 <= len(atoms) <= 500 for atoms in structures)
+    assert len({(len(a), a.cell.cellpar().round(3).tobytes()) for a in structures}) == len(
+        structures
+    )
+
+
+def test_the_stream_has_bulk_of_several_shapes_slabs_with_vacuum_and_two_elements():
+    structures = [atoms for _, atoms in stream_structures()]
+    angles = {tuple(a.cell.cellpar()[3:].round(1)) for a in structures}
+    assert len(angles) >= 3  # cubic (90, 90, 90), primitive fcc (60, 60, 60), hcp, triclinic
+    slabs = [a for a in structures if a.cell.lengths()[2] - np.ptp(a.positions[:, 2]) > 10.0]
+    assert len(slabs) >= 2
+    assert any(len(set(a.numbers)) == 2 for a in structures)
+
+
+def test_every_stream_element_is_known_to_the_pet_random_model():
+    for small in (False, True):
+        numbers = {int(z) for _, atoms in stream_structures(small) for z in atoms.numbers}
+        assert numbers <= set(PET_ELEMENTS)
+
+
+def test_stream_builds_each_calculator_once_and_calls_it_on_every_structure(tmp_path):
+    structures = [atoms for _, atoms in stream_structures(small=True)]
+    seen, built = [], []
+
+    def recording():
+        built.append(1)
+        return Recording(seen)
+
+    def fastcalc():
+        return PotentialCalculator(morse_energy, CUTOFF, device="cpu")
+
+    records = time_stream({"ase": recording, "fastcalc": fastcalc}, structures, "morse", calls=2)
+    assert len(built) == 1
+    assert [natoms for natoms, _ in seen] == [len(a) for a in structures for _ in range(2)]
+    assert len({positions.tobytes() for _, positions in seen}) == 6  # displaced every call
+    for record in records:
+        assert (record.structures, record.calls, len(record.call_s)) == (3, 6, 6)
+        assert 0 < record.first_result_s < record.total_s
+        assert record.total_s == pytest.approx(
+            record.first_result_s - record.call_s[0] + sum(record.call_s)
+        )
+    write_records(records, tmp_path / "stream.json")
+    rows = json.loads((tmp_path / "stream.json").read_text())
+    assert set(rows[0]) == {"date", "gpu", "torch", "model", "impl", "structures", "calls",
+                            "total_s", "first_result_s", "call_s"}
+    plot_stream(records, tmp_path / "stream.png")
+    assert (tmp_path / "stream.png").read_bytes()[:4] == b"\x89PNG"

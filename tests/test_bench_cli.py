@@ -1,6 +1,8 @@
 """`fastcalc bench` times fastcalc against the upstream calculator on the same random
-model and writes JSON records and a plot; it refuses to time models that disagree."""
+model and writes JSON records and a plot into a new folder unless told where; it
+refuses to time models that disagree."""
 
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -12,37 +14,69 @@ from pair_potential import CUTOFF, ase_morse, morse_energy
 from fastcalc import PotentialCalculator, cli
 from fastcalc.bench import copper
 from fastcalc.bench.suite import check_agreement
-from fastcalc.bench.upstream import build_checkpoint, default_backbone, export_pet
-from fastcalc.cli import main
+from fastcalc.bench.upstream import (
+    build_checkpoint,
+    default_backbone,
+    export_pet,
+    fairchem_preset_calculator,
+)
+from fastcalc.cli import default_out, main
 
 RECORD_KEYS = {"date", "gpu", "torch", "model", "natoms", "impl", "median_ms", "p90_ms",
-               "warmup_s", "peak_mem_gib", "recompiles"}
+               "force_rel_err", "warmup_s", "peak_mem_gib", "recompiles"}
+STREAM_KEYS = {"date", "gpu", "torch", "model", "impl", "structures", "calls", "total_s",
+               "first_result_s", "call_s"}
+NEW = Path("fastcalc-bench-new")
 
 
 @pytest.fixture
 def runs(monkeypatch) -> list:
-    """The (model, options) of each benchmark the command would run."""
+    """The (workload, model or models, options) of each benchmark the command would run;
+    the new folder for the records is ``NEW``."""
     runs = []
-    monkeypatch.setattr(cli, "run_benchmark", lambda name, **options: runs.append((name, options)))
+    monkeypatch.setattr(cli, "run_benchmark",
+                        lambda name, **options: runs.append(("sizes", name, options)))
+    monkeypatch.setattr(cli, "run_stream",
+                        lambda names, **options: runs.append(("stream", names, options)))
+    monkeypatch.setattr(cli, "default_out", lambda now: NEW)
     return runs
 
 
-def test_bench_runs_both_models_at_64_108_and_1008_atoms_by_default(runs):
+def test_the_records_go_to_a_new_folder_named_by_the_time():
+    now = datetime.datetime(2026, 11, 30, 14, 5, 9)
+    assert default_out(now) == Path("fastcalc-bench-2026-11-30-140509")
+
+
+def test_bench_runs_both_models_at_64_108_and_1008_atoms_into_a_new_folder_by_default(
+    runs, capsys
+):
     main(["bench", "--device", "cpu"])
     defaults = dict(device="cpu", sizes=[64, 108, 1008], calls=20, warmup=3,
-                    out=Path("benchmarks/results"), small=False)
-    assert runs == [("pet", defaults), ("uma", defaults)]
+                    out=NEW, small=False)
+    assert runs == [("sizes", "pet", defaults), ("sizes", "uma", defaults)]
+    assert "writing into fastcalc-bench-new" in capsys.readouterr().out
 
 
 def test_small_runs_3_calls_on_32_atoms_unless_told_otherwise(runs):
     main(["bench", "uma", "--small", "--device", "cpu"])
     main(["bench", "pet", "--small", "--device", "cpu", "--sizes", "256", "32", "--warmup", "0",
-          "--out", "here"])
+          "--out", "benchmarks/results"])
     assert runs == [
-        ("uma", dict(device="cpu", sizes=[32], calls=3, warmup=2,
-                     out=Path("benchmarks/results"), small=True)),
-        ("pet", dict(device="cpu", sizes=[256, 32], calls=3, warmup=0, out=Path("here"),
-                     small=True)),
+        ("sizes", "uma", dict(device="cpu", sizes=[32], calls=3, warmup=2,
+                              out=NEW, small=True)),
+        ("sizes", "pet", dict(device="cpu", sizes=[256, 32], calls=3, warmup=0,
+                              out=Path("benchmarks/results"), small=True)),
+    ]
+
+
+def test_the_stream_workload_runs_10_calls_per_structure_or_2_when_small(runs):
+    main(["bench", "--workload", "stream", "--device", "cpu", "--out", "here"])
+    main(["bench", "pet", "--workload", "stream", "--small", "--device", "cpu"])
+    main(["bench", "uma", "--workload", "stream", "--calls", "4", "--device", "cpu"])
+    assert runs == [
+        ("stream", ["pet", "uma"], dict(device="cpu", calls=10, out=Path("here"), small=False)),
+        ("stream", ["pet"], dict(device="cpu", calls=2, out=NEW, small=True)),
+        ("stream", ["uma"], dict(device="cpu", calls=4, out=NEW, small=False)),
     ]
 
 
@@ -53,6 +87,7 @@ def test_small_runs_3_calls_on_32_atoms_unless_told_otherwise(runs):
         (["mace"], "invalid choice: 'mace'"),
         (["--calls", "0"], "--calls: must be at least 1"),
         (["--device", "tpu"], "invalid choice: 'tpu'"),
+        (["--workload", "md"], "invalid choice: 'md'"),
     ],
 )
 def test_bench_rejects_bad_arguments(argv, message, capsys):
@@ -72,6 +107,7 @@ def small_bench(model: str, folder, capsys) -> tuple[list[dict], str]:
         assert (row["natoms"], row["gpu"]) == (32, "cpu")
         assert 0 < row["median_ms"] <= row["p90_ms"] and row["warmup_s"] > 0
         assert row["recompiles"] == 0
+        assert row["force_rel_err"] < 1e-4  # float32 against float64, same model
     assert (folder / f"{model}.png").read_bytes()[:4] == b"\x89PNG"
     return rows, capsys.readouterr().out
 
@@ -98,10 +134,39 @@ def test_small_pet_bench_times_fastcalc_and_metatomic_on_a_tiny_pet(tmp_path, ca
 def test_small_uma_bench_times_fastcalc_and_fairchem_on_a_tiny_uma(tmp_path, capsys):
     rows, printed = small_bench("uma", tmp_path, capsys)
     assert [(row["impl"], row["model"]) for row in rows] == [
-        ("fairchem", "uma-tiny-random"), ("fastcalc", "uma-tiny-random")
+        ("fairchem", "uma-tiny-random"), ("fairchem-general", "uma-tiny-random"),
+        ("fastcalc", "uma-tiny-random"),
     ]
     assert "eager fastcalc against fairchem (float32, 32 atoms)" in printed
     assert "| atoms | fairchem ms | fastcalc ms | ratio |" in printed
+    assert "| atoms | fairchem-general ms | fastcalc ms | ratio |" in printed
+
+
+def test_the_fairchem_reference_is_the_high_precision_preset_with_fairchems_backend(tmp_path):
+    from fairchem.core.units.mlip_unit.api.inference import guess_inference_settings
+
+    path = build_checkpoint(tmp_path / "uma.pt", default_backbone(), "UMA-S-1.2", seed=0).path
+    preset = guess_inference_settings("high-precision")
+    assert preset.execution_mode is None and not preset.tf32 and preset.merge_mole
+    used = fairchem_preset_calculator(path, "omat", "cpu").predictor.inference_settings
+    assert used == preset  # on the CPU fairchem keeps the general backend, unnamed
+    general = fairchem_preset_calculator(path, "omat", "cpu", execution_mode="general")
+    assert general.predictor.inference_settings.execution_mode == "general"
+
+
+@pytest.mark.usefixtures("compile_nothing")
+def test_small_stream_times_both_models_over_three_structures(tmp_path, capsys):
+    main(["bench", "--workload", "stream", "--small", "--device", "cpu", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "stream.json").read_text())
+    assert [(row["model"], row["impl"]) for row in rows] == [
+        ("pet-tiny-random", "metatomic"), ("pet-tiny-random", "fastcalc"),
+        ("uma-tiny-random", "fairchem"), ("uma-tiny-random", "fastcalc"),
+    ]
+    for row in rows:
+        assert set(row) == STREAM_KEYS and (row["structures"], row["calls"]) == (3, 6)
+        assert 0 < row["first_result_s"] < row["total_s"]
+    assert (tmp_path / "stream.png").read_bytes()[:4] == b"\x89PNG"
+    assert "on 3 structures, largest force difference" in capsys.readouterr().out
 
 
 def test_the_agreement_check_passes_one_model_and_refuses_another():

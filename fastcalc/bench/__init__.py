@@ -1,11 +1,13 @@
 """Benchmarks: fastcalc's calculators timed against the upstream implementations.
 
-``timing`` times any ASE calculators side by side and records the results;
+``timing`` times any ASE calculators side by side and records the results with
+their force errors; ``stream`` times calculators over a list of different structures;
 ``upstream`` builds random-weight upstream models (metatrain's PET, fairchem's UMA)
 and the upstream calculators, for the benchmarks and the tests; ``suite`` is what
 ``fastcalc bench`` runs.
 """
 
+from .stream import StreamRecord, plot_stream, stream_structures, time_stream
 from .timing import (
     BenchRecord,
     copper,
@@ -17,9 +19,13 @@ from .timing import (
 
 __all__ = [
     "BenchRecord",
+    "StreamRecord",
     "copper",
     "plot_records",
+    "plot_stream",
     "ratio_table",
+    "stream_structures",
     "time_calculators",
+    "time_stream",
     "write_records",
 ]

@@ -1,19 +1,25 @@
 """``fastcalc bench``: fastcalc against the upstream calculator on the same random model.
 
 For each model the upstream side builds a random-weight model (PET-S- or UMA-S-shaped,
-or a tiny one for a smoke test), eager fastcalc and the eager upstream calculator are
-checked to agree on one structure, and then both are timed with ``time_calculators``
-on rattled fcc copper at each size; the records go to ``{out}/{pet,uma}.json`` and a
-plot next to them. Everything runs in float32 with TF32 off.
+or a tiny one for a smoke test) and eager fastcalc and the eager upstream calculator
+are checked to agree. Two workloads, everything in float32 with TF32 off:
 
-- PET: metatrain's PET, exported to a metatomic ``.pt``. fastcalc's
+- ``sizes`` (``run_benchmark``): ``time_calculators`` on rattled fcc copper at each
+  size, each time next to its force error against eager float64 fastcalc; records in
+  ``{out}/{pet,uma}.json`` and a plot next to them.
+- ``stream`` (``run_stream``): ``time_stream``, one calculator per implementation over
+  a list of different structures; records in ``{out}/stream.json`` and ``stream.png``.
+
+- PET: metatrain's PET (Cu and Ag), exported to a metatomic ``.pt``. fastcalc's
   ``CompiledPETCalculator`` (default compile mode: CUDA graphs on CUDA) against
   metatomic's calculator (its eager TorchScript model). One calculator of each kind
   serves every size, so fastcalc's first ``warmup_s`` includes compiling the model.
 - UMA: a fairchem inference checkpoint built with fairchem's classes, omat task.
   fastcalc's ``BucketedCalculator`` (``compile_mode="reduce-overhead"``) against
-  fairchem's calculator on its fast path (merged experts, torch.compile, general
-  backend). Both calculators are built afresh at each size.
+  fairchem's calculator with its ``high-precision`` preset as a user gets it
+  (``fairchem``: merged experts, torch.compile, the backend fairchem picks) and the
+  same preset on the general backend (``fairchem-general``). All are built afresh at
+  each size.
 """
 
 from __future__ import annotations
@@ -31,17 +37,36 @@ from ase.calculators.calculator import Calculator
 from tqdm.auto import tqdm
 
 from ..pet import CompiledPETCalculator
+from ..registry import families
 from ..uma import BucketedCalculator
-from .timing import BenchRecord, copper, plot_records, ratio_table, time_calculators, write_records
+from .stream import StreamRecord, plot_stream, stream_structures, time_stream
+from .timing import (
+    BenchRecord,
+    copper,
+    plot_records,
+    ratio_table,
+    time_calculators,
+    write_records,
+)
 from .upstream import (
     build_checkpoint,
     default_backbone,
     export_pet,
     fairchem_calculator,
+    fairchem_preset_calculator,
     metatomic_calculator,
 )
 
-__all__ = ["MODELS", "Agreement", "check_agreement", "run_benchmark"]
+__all__ = [
+    "MODELS",
+    "Agreement",
+    "Contest",
+    "check_agreement",
+    "pet_contest",
+    "run_benchmark",
+    "run_stream",
+    "uma_contest",
+]
 
 #: PET-S-shaped: 3 GNN layers of one attention layer, adaptive cutoffs of 16 neighbours.
 PET_S = dict(
@@ -70,13 +95,19 @@ TOLERANCE = {"energy": 1e-3, "forces": 1e-2, "stress": 1e-2}
 
 @dataclass(frozen=True)
 class Contest:
-    """One model's benchmark: the record names and the calculators to compare."""
+    """One model's benchmark: the record names and the calculators to compare.
+
+    ``contenders`` are the timed calculators (the headline upstream first, fastcalc
+    last); ``streamed`` names those that the ``stream`` workload runs.
+    """
 
     model: str
     upstream: str
     reference: Callable[[], Calculator]  # eager upstream, for the agreement check
     eager: Callable[[], Calculator]  # eager fastcalc, for the agreement check
+    accurate: Callable[[], Calculator]  # eager float64 fastcalc, for the force errors
     contenders: Callable[[], dict[str, Callable[[], Calculator]]]  # timed, for one size
+    streamed: tuple[str, ...]
 
 
 def _once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
@@ -91,7 +122,7 @@ def _once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
     return get
 
 
-def _pet(folder: Path, device: str, small: bool) -> Contest:
+def pet_contest(folder: Path, device: str, small: bool) -> Contest:
     """PET-S-shaped (or tiny) PET exported into ``folder``; one calculator of each kind."""
     path = export_pet(PET_TINY if small else PET_S, folder / "pet.pt", seed=0)
     factories = {
@@ -103,12 +134,21 @@ def _pet(folder: Path, device: str, small: bool) -> Contest:
         upstream="metatomic",
         reference=lambda: metatomic_calculator(path, device),
         eager=lambda: CompiledPETCalculator(path, device=device, compile_mode="eager"),
+        accurate=lambda: CompiledPETCalculator(
+            path, device=device, dtype="float64", compile_mode="eager"
+        ),
         contenders=lambda: factories,
+        streamed=("metatomic", "fastcalc"),
     )
 
 
-def _uma(folder: Path, device: str, small: bool) -> Contest:
-    """UMA-S-shaped (or tiny) checkpoint saved in ``folder``; new calculators per size."""
+def uma_contest(folder: Path, device: str, small: bool) -> Contest:
+    """UMA-S-shaped (or tiny) checkpoint saved in ``folder``; new calculators per size.
+
+    ``fairchem`` is the ``high-precision`` preset as fairchem picks its backend
+    (``umas_fast_gpu`` on CUDA for lmax = mmax = 2), ``fairchem-general`` the same
+    preset on the general backend.
+    """
     path = folder / "uma.pt"
     backbone = default_backbone(**(UMA_TINY if small else UMA_S))
     build_checkpoint(path, backbone, "UMA-S-1.2.1", seed=0)
@@ -117,19 +157,26 @@ def _uma(folder: Path, device: str, small: bool) -> Contest:
         upstream="fairchem",
         reference=lambda: fairchem_calculator(path, "omat", torch.float32, device),
         eager=lambda: BucketedCalculator(path, task_name="omat", device=device, compile_mode="eager"),
+        accurate=lambda: BucketedCalculator(
+            path, task_name="omat", device=device, dtype="float64", compile_mode="eager"
+        ),
         contenders=lambda: {
-            "fairchem": lambda: fairchem_calculator(
-                path, "omat", torch.float32, device, compiled=True
+            "fairchem": lambda: fairchem_preset_calculator(path, "omat", device),
+            "fairchem-general": lambda: fairchem_preset_calculator(
+                path, "omat", device, execution_mode="general"
             ),
             "fastcalc": lambda: BucketedCalculator(
                 path, task_name="omat", device=device, compile_mode="reduce-overhead"
             ),
         },
+        streamed=("fairchem", "fastcalc"),
     )
 
 
-#: The benchmarked models by command-line name.
-MODELS: dict[str, Callable[[Path, str, bool], Contest]] = {"pet": _pet, "uma": _uma}
+#: The benchmarked models by command-line name: the registered families' contests.
+MODELS: dict[str, Callable[[Path, str, bool], Contest]] = {
+    name: family.contest for name, family in families().items() if family.contest is not None
+}
 
 
 @dataclass(frozen=True)
@@ -182,6 +229,11 @@ def _bar(label: str) -> Callable[[Iterable], Iterable]:
     return lambda steps: tqdm(steps, desc=label, unit="call", leave=False)
 
 
+def _upstreams(records: list[BenchRecord]) -> list[str]:
+    """The timed implementations other than fastcalc, in the order they were timed."""
+    return list(dict.fromkeys(r.impl for r in records if r.impl != "fastcalc"))
+
+
 def run_benchmark(
     name: str,
     *,
@@ -206,12 +258,53 @@ def run_benchmark(
               f"{sizes[0]} atoms), relative differences {agreement}", flush=True)
         for natoms in sizes:
             records += time_calculators(
-                contest.contenders(), copper(natoms), contest.model, warmup=warmup, calls=calls,
+                contest.contenders(), copper(natoms), contest.model,
+                reference=contest.accurate, warmup=warmup, calls=calls,
                 progress=_bar(f"{contest.model}, {natoms} atoms"),
             )
             write_records(records, path)
     plot_records(records, path.with_suffix(".png"))
+    tables = "\n\n".join(ratio_table(records, upstream) for upstream in _upstreams(records))
     print(f"\n{contest.model} on {records[0].gpu}, torch {records[0].torch}: wrote {path} "
-          f"and {path.with_suffix('.png').name}\n\n{ratio_table(records, contest.upstream)}\n",
-          flush=True)
+          f"and {path.with_suffix('.png').name}; force errors against eager float64 fastcalc"
+          f"\n\n{tables}\n", flush=True)
+    return records
+
+
+def run_stream(
+    names: list[str], *, device: str, calls: int, out: Path, small: bool = False
+) -> list[StreamRecord]:
+    """The ``stream`` workload for models ``names`` (keys of ``MODELS``): write
+    ``{out}/stream.json`` (rewritten after each model) and ``stream.png``."""
+    _torch_settings()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "stream.json"
+    structures = stream_structures(small)
+    records: list[StreamRecord] = []
+    for name in names:
+        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*compiles the model at its first call.*")
+            contest = MODELS[name](Path(folder), device, small)
+            reference, eager = contest.reference(), contest.eager()
+            worst = max((check_agreement(reference, eager, atoms) for _, atoms in structures),
+                        key=lambda agreement: agreement.forces)
+            print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32) on "
+                  f"{len(structures)} structures, largest force difference: {worst}", flush=True)
+            del reference, eager
+            factories = contest.contenders()
+            records += time_stream(
+                {impl: factories[impl] for impl in contest.streamed},
+                [atoms for _, atoms in structures], contest.model, calls=calls,
+                progress=_bar(f"{contest.model}, stream"),
+            )
+        write_records(records, path)
+    plot_stream(records, path.with_suffix(".png"))
+    rows = "\n".join(
+        f"| {r.model} | {r.impl} | {r.calls} | {r.first_result_s:.1f} | {r.total_s:.1f} |"
+        for r in records
+    )
+    print(f"\nstream of {len(structures)} structures on {records[0].gpu}, torch "
+          f"{records[0].torch}: wrote {path} and {path.with_suffix('.png').name}\n\n"
+          "| model | impl | calls | first result s | total s |\n|---|---|---:|---:|---:|\n"
+          f"{rows}\n", flush=True)
     return records

@@ -4,7 +4,9 @@ Each call is one energy + forces + stress evaluation of rattled fcc copper whose
 positions get a fresh small random displacement (as in an MD step), the same
 displacements for every implementation. Warm-up calls come first, one
 implementation at a time, then the timed calls alternate between implementations
-so that a shared machine's load affects all of them alike.
+so that a shared machine's load affects all of them alike. The forces of the first
+timed call are compared with an accurate reference's on the same positions, so that
+each time is reported next to the accuracy it was bought with.
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ from ase.calculators.calculator import Calculator, all_changes
 __all__ = [
     "BenchRecord",
     "copper",
+    "device_name",
+    "force_error",
     "plot_records",
     "ratio_table",
+    "reference_forces",
     "time_calculators",
+    "timed_call",
+    "today",
     "write_records",
 ]
 
@@ -37,7 +44,8 @@ COPPER_REPEATS = {32: (2, 2, 2), 64: (2, 2, 4), 108: (3, 3, 3), 256: (4, 4, 4), 
 
 @dataclass(frozen=True)
 class BenchRecord:
-    """One implementation on one structure: per-call times and first-call cost."""
+    """One implementation on one structure: per-call times, first-call cost and force error
+    (``force_rel_err``: max |F - F_ref| / max |F_ref| against an accurate reference)."""
 
     date: str
     gpu: str
@@ -47,6 +55,7 @@ class BenchRecord:
     impl: str
     median_ms: float
     p90_ms: float
+    force_rel_err: float
     warmup_s: float
     peak_mem_gib: float
     recompiles: int
@@ -59,13 +68,44 @@ def copper(natoms: int) -> Atoms:
     return atoms
 
 
-def _device_name() -> str:
+def device_name() -> str:
+    """The CUDA device's name, or ``"cpu"``."""
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def today() -> str:
+    """Today's UTC date, the records' ``date``."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def timed_call(calc: Calculator, atoms: Atoms) -> float:
+    """Seconds of one synchronised energy + forces + stress evaluation of ``atoms``."""
+    _sync()
+    start = time.perf_counter()
+    calc.calculate(atoms, ["energy", "forces", "stress"], all_changes)
+    _sync()
+    return time.perf_counter() - start
+
+
+def reference_forces(factory: Callable[[], Calculator], atoms: Atoms) -> np.ndarray:
+    """Forces on ``atoms`` from a calculator built for this one evaluation and dropped."""
+    calc = factory()
+    calc.calculate(atoms, ["energy", "forces"], all_changes)
+    forces = np.array(calc.results["forces"], dtype=np.float64)
+    del calc
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return forces
+
+
+def force_error(forces: np.ndarray, reference: np.ndarray) -> float:
+    """max |F - F_ref| / max |F_ref|: the largest force error against the largest force."""
+    return float(np.abs(forces - reference).max() / max(np.abs(reference).max(), 1e-12))
 
 
 def _graph_count() -> int:
@@ -80,6 +120,7 @@ def time_calculators(
     atoms: Atoms,
     model: str,
     *,
+    reference: Callable[[], Calculator],
     warmup: int = 3,
     calls: int = 20,
     seed: int = 1,
@@ -90,23 +131,22 @@ def time_calculators(
     ``warmup_s`` covers building the calculator and its warm-up calls (so it
     includes compilation); ``peak_mem_gib`` is the CUDA memory allocated during
     them above what was allocated before (0 on CPU); ``recompiles`` counts graphs
-    compiled during the timed calls, which should be none.
+    compiled during the timed calls, which should be none. ``force_rel_err``
+    compares the forces of the first timed call with those of ``reference`` (an
+    accurate calculator, built once before the others) on the same positions.
     """
     rng = np.random.default_rng(seed)
     base = atoms.positions.copy()
     displacements = rng.normal(0.0, 0.01, (warmup + calls, *base.shape))
+
+    def moved(step: int) -> Atoms:
+        copy = atoms.copy()
+        copy.positions = base + displacements[step]
+        return copy
+
+    exact = reference_forces(reference, moved(warmup))
     built: dict[str, Calculator] = {}
     warm: dict[str, tuple[float, float]] = {}
-
-    def call(calc: Calculator, step: int) -> float:
-        moved = atoms.copy()
-        moved.positions = base + displacements[step]
-        _sync()
-        start = time.perf_counter()
-        calc.calculate(moved, ["energy", "forces", "stress"], all_changes)
-        _sync()
-        return time.perf_counter() - start
-
     for name, factory in calculators.items():
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -114,28 +154,31 @@ def time_calculators(
         start = time.perf_counter()
         built[name] = factory()
         for step in range(warmup):
-            call(built[name], step)
+            timed_call(built[name], moved(step))
         seconds = time.perf_counter() - start
         peak = (torch.cuda.max_memory_allocated() - before) / 2**30 if torch.cuda.is_available() else 0.0
         warm[name] = (seconds, peak)
     times: dict[str, list[float]] = {name: [] for name in calculators}
+    errors: dict[str, float] = {}
     recompiles = dict.fromkeys(calculators, 0)
     for step in progress(range(warmup, warmup + calls)):
         for name, calc in built.items():
             graphs = _graph_count()
-            times[name].append(call(calc, step))
+            times[name].append(timed_call(calc, moved(step)))
             recompiles[name] += _graph_count() - graphs
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+            if name not in errors:
+                errors[name] = force_error(np.asarray(calc.results["forces"]), exact)
     return [
         BenchRecord(
-            date=stamp,
-            gpu=_device_name(),
+            date=today(),
+            gpu=device_name(),
             torch=torch.__version__,
             model=model,
             natoms=len(atoms),
             impl=name,
             median_ms=float(np.median(times[name]) * 1e3),
             p90_ms=float(np.percentile(times[name], 90) * 1e3),
+            force_rel_err=errors[name],
             warmup_s=warm[name][0],
             peak_mem_gib=warm[name][1],
             recompiles=recompiles[name],
@@ -144,8 +187,8 @@ def time_calculators(
     ]
 
 
-def write_records(records: Iterable[BenchRecord], path: str | Path) -> None:
-    """Write records as a JSON list."""
+def write_records(records: Iterable[object], path: str | Path) -> None:
+    """Write records (dataclasses: ``BenchRecord``, ``StreamRecord``) as a JSON list."""
     Path(path).write_text(json.dumps([asdict(r) for r in records], indent=1) + "\n")
 
 
@@ -173,11 +216,12 @@ def plot_records(records: Iterable[BenchRecord], path: str | Path) -> None:
 
 
 def ratio_table(records: Iterable[BenchRecord], upstream: str, ours: str = "fastcalc") -> str:
-    """Markdown table, one row per atom count: both times, the ratio, warm-up, memory."""
+    """Markdown table, one row per atom count: both times, the ratio, both force errors,
+    warm-up and memory."""
     rows = [
-        f"| atoms | {upstream} ms | {ours} ms | ratio | warm-up s ({upstream} / {ours}) "
-        f"| peak GiB ({upstream} / {ours}) | recompiles |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| atoms | {upstream} ms | {ours} ms | ratio | force rel. err ({upstream} / {ours}) "
+        f"| warm-up s ({upstream} / {ours}) | peak GiB ({upstream} / {ours}) | recompiles |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_size: dict[int, dict[str, BenchRecord]] = {}
     for record in records:
@@ -187,6 +231,7 @@ def ratio_table(records: Iterable[BenchRecord], upstream: str, ours: str = "fast
         rows.append(
             f"| {natoms} | {theirs.median_ms:.2f} | {mine.median_ms:.2f} "
             f"| {theirs.median_ms / mine.median_ms:.2f}x "
+            f"| {theirs.force_rel_err:.1e} / {mine.force_rel_err:.1e} "
             f"| {theirs.warmup_s:.1f} / {mine.warmup_s:.1f} "
             f"| {theirs.peak_mem_gib:.2f} / {mine.peak_mem_gib:.2f} | {mine.recompiles} |"
         )

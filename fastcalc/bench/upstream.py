@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -20,11 +20,13 @@ from ase.calculators.calculator import Calculator
 
 __all__ = [
     "DATASETS",
+    "PET_ELEMENTS",
     "BuiltCheckpoint",
     "build_checkpoint",
     "default_backbone",
     "export_pet",
     "fairchem_calculator",
+    "fairchem_preset_calculator",
     "metatomic_calculator",
     "pet_model",
 ]
@@ -64,11 +66,15 @@ def pet_model(hypers: dict, atomic_types: list[int]) -> torch.nn.Module:
     return PET(model_hypers, info)
 
 
+#: The PET random model's elements: copper, and silver for two-element structures.
+PET_ELEMENTS = (29, 47)
+
+
 def export_pet(hypers: dict, path: Path, seed: int = 0) -> Path:
-    """A copper-only PET (metatrain's initialisation after ``torch.manual_seed(seed)``)
+    """A copper and silver PET (metatrain's initialisation after ``torch.manual_seed(seed)``)
     saved as a metatomic ``.pt`` at ``path``."""
     torch.manual_seed(seed)
-    pet_model(hypers, [29]).eval().export().save(str(path))
+    pet_model(hypers, list(PET_ELEMENTS)).eval().export().save(str(path))
     return path
 
 
@@ -234,14 +240,9 @@ def build_checkpoint(path: Path, backbone: dict, model_id: str, seed: int) -> Bu
 
 
 def fairchem_calculator(
-    path: Path,
-    task: str,
-    dtype: torch.dtype = torch.float64,
-    device: str = "cpu",
-    compiled: bool = False,
+    path: Path, task: str, dtype: torch.dtype = torch.float64, device: str = "cpu"
 ) -> Calculator:
-    """fairchem's own ASE calculator: general backend, TF32 off; eager without merging
-    the experts, or with ``compiled`` its fast path (merged experts, torch.compile)."""
+    """fairchem's own ASE calculator, eager: general backend, experts not merged, TF32 off."""
     with _needs("fairchem-core"):
         from fairchem.core.calculate.ase_calculator import FAIRChemCalculator
         from fairchem.core.units.mlip_unit.api.inference import InferenceSettings
@@ -249,12 +250,37 @@ def fairchem_calculator(
 
     settings = InferenceSettings(
         tf32=False,
-        merge_mole=compiled,
-        compile=compiled,
+        merge_mole=False,
+        compile=False,
         activation_checkpointing=False,
         external_graph_gen=False,
         base_precision_dtype=dtype,
         execution_mode="general",
     )
     unit = MLIPPredictUnit(str(path), device=device, inference_settings=settings)
+    return FAIRChemCalculator(unit, task_name=task)
+
+
+def fairchem_preset_calculator(
+    path: Path,
+    task: str,
+    device: str,
+    preset: str = "high-precision",
+    execution_mode: str | None = None,
+) -> Calculator:
+    """fairchem's ASE calculator as a user gets it from a named inference preset.
+
+    ``high-precision`` is float32 without TF32, merged experts and ``torch.compile``,
+    with the execution backend left to fairchem (``umas_fast_gpu`` for lmax = mmax = 2
+    on CUDA, else ``general``); ``execution_mode`` overrides that choice.
+    """
+    with _needs("fairchem-core"):
+        from fairchem.core.calculate.ase_calculator import FAIRChemCalculator
+        from fairchem.core.units.mlip_unit import load_predict_unit
+        from fairchem.core.units.mlip_unit.api.inference import guess_inference_settings
+
+    settings = guess_inference_settings(preset)
+    if execution_mode is not None:
+        settings = replace(settings, execution_mode=execution_mode)
+    unit = load_predict_unit(str(path), inference_settings=settings, device=device)
     return FAIRChemCalculator(unit, task_name=task)

@@ -27,7 +27,7 @@ from ..calculator import (
     resolve_device,
     to_host,
 )
-from ..models import resolve_model_path
+from ..registry import resolve_model_path
 from ..tracing import GraphRunner, resolve_compile_mode
 from .core import PETCore
 from .energy import apply_reference
@@ -87,7 +87,7 @@ class Topology(NamedTuple):
 class CompiledPETCalculator(TorchCalculator):
     """Energy, free energy, forces and (3D-periodic systems) stress of a PET model.
 
-    ``model`` is a bundled model name (see :func:`fastcalc.models.resolve_model_path`),
+    ``model`` is a bundled model name (see :func:`fastcalc.registry.resolve_model_path`),
     a path to a metatomic export (``.pt``) or metatrain checkpoint (``.ckpt``), or a
     ``(PETCore, PETMetadata)`` pair as :func:`fastcalc.pet.load_pet` returns (the core
     is moved to ``device`` and ``dtype`` in place). Models with system conditioning

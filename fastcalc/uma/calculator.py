@@ -18,7 +18,7 @@ import torch
 from ..buckets import atom_mask, pad_atoms, pad_edges, padded_size
 from ..calculator import InvalidAtomsError, TorchCalculator, charge_and_spin, to_host
 from ..geometry import edge_vectors
-from ..models import resolve_model_path
+from ..registry import resolve_model_path
 from ..tracing import GraphRunner, resolve_compile_mode
 from .checkpoint import UMACheckpoint, load_checkpoint
 from .core import UMACore

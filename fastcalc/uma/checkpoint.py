@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-_CHECKPOINT_CLASS = ("fairchem.core.units.mlip_unit.api.inference", "MLIPInferenceCheckpoint")
+#: The class of a fairchem inference checkpoint (module, name).
+CHECKPOINT_CLASS = ("fairchem.core.units.mlip_unit.api.inference", "MLIPInferenceCheckpoint")
 _UMA_BACKBONES = ("escn_md.eSCNMDBackbone", "escn_moe.eSCNMDMoeBackbone")
 _UMA_REGISTRY_NAMES = ("escnmd_backbone", "escnmd_moe_backbone")
 _SAFE_BUILTINS = {
@@ -213,7 +214,7 @@ def load_checkpoint(path: str | Path) -> UMACheckpoint:
         raw = torch.load(path, map_location="cpu", pickle_module=_pickle_module, weights_only=False)
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as err:
         raise NotUMACheckpointError(f"{path}: not a UMA inference checkpoint ({err})") from err
-    if not (isinstance(raw, _Record) and type(raw).origin == ".".join(_CHECKPOINT_CLASS)):
+    if not (isinstance(raw, _Record) and type(raw).origin == ".".join(CHECKPOINT_CLASS)):
         raise NotUMACheckpointError(f"{path}: not a fairchem MLIPInferenceCheckpoint")
     state = raw.state if isinstance(raw.state, dict) else {}
     model_config = _to_plain(state.get("model_config")) or {}

@@ -1,0 +1,50 @@
+"""PET's model family: metatomic exports and metatrain checkpoints of metatrain's PET."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..archives import archive_members, pickle_strings
+from ..demo_models import PET_DEMO_CU
+from ..registry import ModelFamily, register
+from .calculator import CompiledPETCalculator
+
+__all__ = ["FAMILY", "is_pet_file"]
+
+
+def is_pet_file(path: Path) -> bool:
+    """A metatomic export of metatrain's PET (a TorchScript archive with its code), or a
+    metatrain checkpoint (``torch.save`` of a dict) whose ``architecture_name`` is pet."""
+    if any("/code/__torch__/metatrain/pet/" in name for name in archive_members(path)):
+        return True
+    strings = pickle_strings(path)
+    if "architecture_name" not in strings:
+        return False
+    position = strings.index("architecture_name") + 1
+    return strings[position : position + 1] == ["pet"]
+
+
+def _build(
+    path: Path, *, task: str | None, device: str | None, dtype: str, compile_mode: str
+) -> CompiledPETCalculator:
+    """PET has no tasks: ``task`` is not used."""
+    return CompiledPETCalculator(path, device=device, dtype=dtype, compile_mode=compile_mode)
+
+
+def _contest(folder: Path, device: str, small: bool):
+    """``fastcalc bench pet`` (the bench is imported only when benchmarking)."""
+    from ..bench.suite import pet_contest
+
+    return pet_contest(folder, device, small)
+
+
+FAMILY = register(
+    ModelFamily(
+        name="pet",
+        formats="metatomic exports (.pt) and metatrain checkpoints (.ckpt) of PET",
+        recognises=is_pet_file,
+        build=_build,
+        demo_models={"pet-demo-cu": PET_DEMO_CU},
+        contest=_contest,
+    )
+)
