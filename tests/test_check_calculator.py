@@ -69,7 +69,6 @@ def test_stress_of_the_wrong_sign_fails_only_the_stress_checks():
 
     report = check_calculator(Faulty(flipped_stress), ase_morse(), raise_on_failure=False)
     assert failed(report) == [
-        "finite differences: stress [crystal]",
         "finite differences: stress [tiny triclinic cell]",
         "reference: agrees [crystal]",
         "reference: agrees [tiny triclinic cell]",
