@@ -36,6 +36,7 @@ GROUPS = ("bad input", "structures", "translations", "finite differences", "refe
 #: Deviations are relative to the largest expected component, or to this (eV, eV/Å,
 #: eV/Å³) when that is smaller, so that results near zero are compared absolutely.
 FLOOR = 1e-2
+Status = Literal["passed", "failed", "skipped"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Check:
     (the deviation found, the error raised, or why it was skipped)."""
 
     name: str
-    status: Literal["passed", "failed", "skipped"]
+    status: Status
     detail: str = ""
 
     def __str__(self) -> str:
@@ -74,7 +75,7 @@ class Report:
 
     checks: tuple[Check, ...]
 
-    def with_status(self, status: str) -> list[Check]:
+    def with_status(self, status: Status) -> list[Check]:
         return [check for check in self.checks if check.status == status]
 
     def __str__(self) -> str:
@@ -200,7 +201,7 @@ class _Checker:
         self.tolerances = tolerances
         self.checks: list[Check] = []
 
-    def record(self, name: str, status: str, detail: str = "") -> None:
+    def record(self, name: str, status: Status, detail: str = "") -> None:
         self.checks.append(Check(name, status, detail))
 
     def run(self, check: Callable[..., None], name: str, *args: object) -> None:
