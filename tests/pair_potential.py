@@ -8,6 +8,7 @@ ASE computes forces and stress analytically, fastcalc by autograd.
 import torch
 from ase.calculators.morse import MorsePotential
 
+from fastcalc import PotentialCalculator
 from fastcalc.buckets import PaddedEdges
 from fastcalc.geometry import edge_vectors
 
@@ -28,3 +29,9 @@ def morse_energy(
     s = (1 - (r - RCUT1 * R0) / ((RCUT2 - RCUT1) * R0)).clamp(0, 1)
     smooth = s**3 * (6 * s**2 - 15 * s + 10)
     return 0.5 * (pair * smooth).sum()
+
+
+def morse_calculator(**kwargs) -> PotentialCalculator:
+    """The Morse potential on fastcalc's machinery (float64 on CPU unless told)."""
+    kwargs.setdefault("dtype", "float64")
+    return PotentialCalculator(morse_energy, CUTOFF, device="cpu", **kwargs)

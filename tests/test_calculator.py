@@ -1,21 +1,18 @@
-"""TorchCalculator / PotentialCalculator against ASE's own Morse calculator."""
+"""TorchCalculator / PotentialCalculator against ASE's own Morse calculator; the shared
+conformance checks (bad input, awkward structures, finite differences, agreement with
+ASE) run in test_check_calculator.py."""
 
 import numpy as np
 import pytest
 from ase import Atoms, units
-from ase.build import bulk, fcc111, molecule
+from ase.build import bulk, molecule
 from ase.calculators.calculator import PropertyNotImplementedError
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from ase.md.verlet import VelocityVerlet
-from pair_potential import CUTOFF, ase_morse, morse_energy
+from pair_potential import CUTOFF, ase_morse, morse_calculator, morse_energy
 
 from fastcalc import InvalidAtomsError, PotentialCalculator
 from fastcalc.calculator import charge_and_spin
-
-
-def morse(**kwargs) -> PotentialCalculator:
-    kwargs.setdefault("dtype", "float64")
-    return PotentialCalculator(morse_energy, CUTOFF, device="cpu", **kwargs)
 
 
 def reference(atoms: Atoms) -> Atoms:
@@ -30,38 +27,9 @@ def crystal(seed: int = 0) -> Atoms:
     return atoms
 
 
-def tiny_triclinic() -> Atoms:
-    atoms = bulk("Cu", "fcc", a=3.6)
-    atoms.set_cell(atoms.cell.array + [[0.1, 0, 0], [0, -0.2, 0.1], [0.3, 0, 0]], scale_atoms=True)
-    return atoms.repeat((2, 1, 1))
-
-
-@pytest.mark.parametrize("make", [crystal, tiny_triclinic], ids=["bulk", "tiny triclinic"])
-def test_periodic_energy_forces_stress_match_ase(make):
-    atoms = make()
-    atoms.calc = morse()
-    expected = reference(atoms)
-    assert atoms.get_potential_energy() == pytest.approx(expected.get_potential_energy(), rel=1e-12)
-    np.testing.assert_allclose(atoms.get_forces(), expected.get_forces(), atol=1e-10)
-    np.testing.assert_allclose(atoms.get_stress(), expected.get_stress(), atol=1e-12)
-
-
-@pytest.mark.parametrize(
-    "atoms",
-    [molecule("C6H6"), fcc111("Cu", (2, 2, 3), vacuum=5.0)],
-    ids=["molecule", "slab"],
-)
-def test_non_periodic_energy_and_forces_match_ase(atoms):
-    atoms.positions *= 1.3
-    atoms.calc = morse()
-    expected = reference(atoms)
-    assert atoms.get_potential_energy() == pytest.approx(expected.get_potential_energy(), rel=1e-12)
-    np.testing.assert_allclose(atoms.get_forces(), expected.get_forces(), atol=1e-10)
-
-
 def test_float32_agrees_with_float64_reference():
     atoms = crystal()
-    atoms.calc = morse(dtype="float32")
+    atoms.calc = morse_calculator(dtype="float32")
     expected = reference(atoms)
     assert atoms.get_potential_energy() == pytest.approx(expected.get_potential_energy(), rel=1e-5)
     np.testing.assert_allclose(atoms.get_forces(), expected.get_forces(), atol=1e-4)
@@ -72,7 +40,7 @@ def test_float32_agrees_with_float64_reference():
 def test_md_with_skin_and_buckets_tracks_ase():
     atoms = crystal()
     MaxwellBoltzmannDistribution(atoms, temperature_K=600, rng=np.random.default_rng(0))
-    calc = morse(skin=0.3, bucket_size=256)
+    calc = morse_calculator(skin=0.3, bucket_size=256)
     atoms.calc = calc
     dyn = VelocityVerlet(atoms, timestep=4 * units.fs)
     for _ in range(30):
@@ -115,7 +83,7 @@ def test_results_are_cached_until_atoms_or_charge_or_spin_change():
 
 def test_stress_of_a_non_periodic_system_is_not_implemented():
     atoms = molecule("H2O")
-    atoms.calc = morse()
+    atoms.calc = morse_calculator()
     with pytest.raises(PropertyNotImplementedError, match="periodic along all three axes"):
         atoms.get_stress()
     assert np.isfinite(atoms.get_forces()).all()
@@ -123,71 +91,12 @@ def test_stress_of_a_non_periodic_system_is_not_implemented():
 
 def test_unknown_dtype_is_refused():
     with pytest.raises(ValueError, match="dtype"):
-        morse(dtype="float16")
-
-
-def nan_positions():
-    atoms = crystal()
-    atoms.positions[5, 1] = np.nan
-    return atoms
-
-
-def zero_periodic_vector():
-    atoms = crystal()
-    atoms.cell[2] = 0.0
-    return atoms
-
-
-def wrong_units():
-    atoms = crystal()
-    atoms.positions *= 0.1
-    atoms.cell *= 0.1
-    return atoms
-
-
-BAD = {
-    "NaN position": (nan_positions, "atoms \\[5\\] are NaN or infinite"),
-    "zero periodic cell vector": (zero_periodic_vector, "periodic cell vectors \\(abc\\) are zero"),
-    "empty": (Atoms, "empty"),
-    "unsupported element": (lambda: Atoms("CuAu", positions=[[0, 0, 0], [0, 0, 2.5]]),
-                            "does not support Au; it supports Cu"),
-    "neighbour overflow": (wrong_units, "neighbours within .* are the positions in Å"),
-}
-
-
-def checked_morse():
-    return morse(supported_numbers=[29], max_neighbors=500)
-
-
-def assert_refused(calc, name: str) -> None:
-    make, message = BAD[name]
-    bad = make()
-    bad.calc = calc
-    with pytest.raises(InvalidAtomsError, match=message):
-        bad.get_forces()
-
-
-@pytest.mark.parametrize("name", BAD)
-def test_bad_input_is_a_clear_error_and_the_calculator_still_works(name):
-    calc = checked_morse()
-    assert_refused(calc, name)
-    good = crystal()
-    good.calc = calc
-    np.testing.assert_allclose(good.get_forces(), reference(good).get_forces(), atol=1e-10)
-
-
-@pytest.mark.parametrize("name", BAD)
-def test_bad_input_after_good_input_is_still_refused(name):
-    calc = checked_morse()
-    good = crystal()
-    good.calc = calc
-    good.get_forces()
-    assert_refused(calc, name)
+        morse_calculator(dtype="float16")
 
 
 def test_results_do_not_depend_on_the_skin():
     atoms = crystal()
-    with_skin, without_skin = morse(skin=1.0), morse(skin=0.0)
+    with_skin, without_skin = morse_calculator(skin=1.0), morse_calculator(skin=0.0)
     rng = np.random.default_rng(2)
     for _ in range(4):
         atoms.positions += rng.uniform(-0.05, 0.05, atoms.positions.shape)

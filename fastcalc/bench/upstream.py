@@ -128,19 +128,21 @@ def default_backbone(**changes) -> dict:
     return config
 
 
-def _tasks_config(seed: int) -> list:
+def _tasks_config(seed: int, consistent_stress: bool) -> list:
     """Energy and force tasks per dataset and an omat stress task, with random element
-    references and normalisers."""
+    references and normalisers; the stress normaliser is the omat energy's with
+    ``consistent_stress``, else a different one."""
     from omegaconf import OmegaConf
 
     gen = torch.Generator().manual_seed(seed)
+    energy_rmsd = {dataset: 1.5 + 0.3 * index for index, dataset in enumerate(DATASETS)}
     tasks = []
     for index, dataset in enumerate(DATASETS):
         refs = (torch.randn(101, generator=gen, dtype=torch.float64) * 2.0).tolist()
         energy_norm = {
             "_target_": "fairchem.core.modules.normalization.normalizer.Normalizer",
             "mean": 0.25 * index,
-            "rmsd": 1.5 + 0.3 * index,
+            "rmsd": energy_rmsd[dataset],
         }
         tasks.append(
             {
@@ -180,7 +182,7 @@ def _tasks_config(seed: int) -> list:
             "normalizer": {
                 "_target_": "fairchem.core.modules.normalization.normalizer.Normalizer",
                 "mean": 0.0,
-                "rmsd": 2.3,
+                "rmsd": energy_rmsd["omat"] if consistent_stress else 2.3,
             },
             "datasets": ["omat"],
             "metrics": ["mae"],
@@ -189,11 +191,16 @@ def _tasks_config(seed: int) -> list:
     return [OmegaConf.create(task) for task in tasks]
 
 
-def build_checkpoint(path: Path, backbone: dict, model_id: str, seed: int) -> BuiltCheckpoint:
+def build_checkpoint(
+    path: Path, backbone: dict, model_id: str, seed: int, consistent_stress: bool = False
+) -> BuiltCheckpoint:
     """Instantiate a fairchem HydraModel, randomise it and save an inference checkpoint.
 
     Every floating-point weight is perturbed so that no path is trivially small, and the
     EMA weights differ from the raw weights so that using the wrong set is detected.
+    The stress normaliser differs from the energy's, so that using the wrong one is
+    detected too, unless ``consistent_stress``: then, as in trained checkpoints, the
+    stress is the strain derivative of the energy.
     """
     with _needs("fairchem-core"):
         import hydra
@@ -233,7 +240,7 @@ def build_checkpoint(path: Path, backbone: dict, model_id: str, seed: int) -> Bu
         model_config=model_config,
         model_state_dict=raw,
         ema_state_dict=ema,
-        tasks_config=_tasks_config(seed + 2),
+        tasks_config=_tasks_config(seed + 2, consistent_stress),
     )
     torch.save(checkpoint, path)
     return BuiltCheckpoint(path, backbone)
