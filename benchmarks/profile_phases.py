@@ -177,7 +177,7 @@ def uma(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
     timer = PhaseTimer()
     timer.patch(calc.neighbors, "candidates", "neighbors")
     timer.patch(neighbors, "_within", "within cutoff")
-    for name in ("charge_and_spin", "edge_vectors", "apply_neighbor_limit", "pad_edges"):
+    for name in ("check_charge_and_spin", "edge_vectors", "apply_neighbor_limit", "pad_edges"):
         timer.patch(module, name)
     timer.patch(calc.core, "prepare")
     timer.patch(calc.core, "outputs")

@@ -1,15 +1,17 @@
 """The ASE calculator machinery shared by every fastcalc model.
 
-:class:`TorchCalculator` turns an ``Atoms`` into tensors, checks it, builds the
-neighbor list (Verlet skin) and hands it to :meth:`TorchCalculator.evaluate`,
-which a model implements. Results come back as
-float64 numpy arrays in eV, eV/Å and eV/Å³ (stress as ASE's Voigt 6-vector).
-:class:`PotentialCalculator` plugs any torch energy function into the same path.
+Data flows one way: ``Atoms`` -> checks -> :class:`System` (tensors on the model's
+device, the neighbour list, charge and spin) -> the model's
+:meth:`TorchCalculator.evaluate` -> :class:`Result` (float64 on the host) -> ASE's
+``results`` (eV, eV/Å, and stress as ASE's Voigt 6-vector in eV/Å³). That is the whole
+contract between the calculator and a model. :class:`PotentialCalculator` plugs any
+torch energy function into the same path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,6 +32,8 @@ from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList
 __all__ = [
     "InvalidAtomsError",
     "PotentialCalculator",
+    "Result",
+    "System",
     "TorchCalculator",
     "charge_and_spin",
     "resolve_device",
@@ -44,6 +48,60 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 class InvalidAtomsError(InputError, ValueError):
     """The Atoms cannot be evaluated (NaN positions, a degenerate cell, ...)."""
+
+
+@dataclass(frozen=True)
+class System:
+    """Everything a model may read about the structure of one call.
+
+    N atoms, E pairs, B systems (B = 1 for one ``Atoms``: ``system_index`` all zero).
+    Tensors are on the model's device, floating ones in its dtype:
+
+    - ``positions`` (N, 3) Å; ``cell`` (3, 3) Å, with a zero vector of a non-periodic axis
+      replaced (:func:`fastcalc.buckets.padding_cell`), so a model can pad edges with it;
+      ``pbc`` (3,) bool; ``numbers`` (N,) int64 atomic numbers, ``host_numbers`` the same
+      on the host; ``system_index`` (N,) int64;
+    - ``edge_index`` (2, E) int64 (row 0 the centre atom) and ``unit_shifts`` (E, 3) int64,
+      the pairs closer than the cutoff in ASE's ``"ijS"`` convention, or, for a model with
+      ``takes_candidates``, the Verlet candidates (pairs within cutoff + skin, the same
+      tensors while ``search``, the neighbour list's search counter, stays the same);
+      ``most_neighbors`` bounds the pairs of any one atom in that search;
+    - ``charge`` and ``spin`` (multiplicity 2S + 1) from ``atoms.info``, integers;
+    - ``compute_stress``: whether stress is wanted (fully periodic systems only).
+    """
+
+    positions: torch.Tensor
+    cell: torch.Tensor
+    pbc: torch.Tensor
+    numbers: torch.Tensor
+    host_numbers: np.ndarray
+    system_index: torch.Tensor
+    edge_index: torch.Tensor
+    unit_shifts: torch.Tensor
+    search: int
+    most_neighbors: int
+    charge: int
+    spin: int
+    compute_stress: bool
+
+
+@dataclass(frozen=True)
+class Result:
+    """A model's answer for one :class:`System`, on the host in float64: ``energy`` (eV),
+    ``forces`` (N, 3) eV/Å, and ``stress`` (3, 3) eV/Å³ in ASE's sign convention (positive
+    under tension), None unless asked for."""
+
+    energy: float
+    forces: np.ndarray
+    stress: np.ndarray | None = None
+
+    @classmethod
+    def from_tensors(
+        cls, energy: torch.Tensor, forces: torch.Tensor, stress: torch.Tensor | None
+    ) -> Result:
+        """A result from tensors on any device, copied to the host in one transfer."""
+        energy, forces, stress = to_host(energy, forces, stress)
+        return cls(float(energy), forces, stress)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -121,6 +179,8 @@ class TorchCalculator(Calculator):
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
+    #: Spin multiplicity when ``atoms.info`` gives none.
+    default_spin = 1
     #: What ``todict()`` (and so ASE's trajectories) records: the constructor's settings.
     default_parameters = {"device": None, "dtype": "float32", "skin": 0.5, "max_neighbors": 4096}
     #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
@@ -152,26 +212,8 @@ class TorchCalculator(Calculator):
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
         self._checked: tuple[np.ndarray, ...] | None = None
 
-    def evaluate(
-        self,
-        positions: torch.Tensor,
-        cell: torch.Tensor,
-        numbers: torch.Tensor,
-        edge_index: torch.Tensor,
-        unit_shifts: torch.Tensor,
-        compute_stress: bool,
-    ) -> tuple[torch.Tensor | float, torch.Tensor | np.ndarray, torch.Tensor | np.ndarray | None]:
-        """Energy (scalar), forces ``(N, 3)`` and stress ``(3, 3)`` or None, in eV and Å.
-
-        ``edge_index`` and ``unit_shifts`` are the edges closer than the cutoff
-        (see :mod:`fastcalc.neighbors`), or, if :attr:`takes_candidates` is set, the
-        Verlet candidates (:meth:`fastcalc.neighbors.VerletNeighborList.candidates`),
-        which the model must filter itself; ``cell`` has no zero vector, so a model
-        can pad them with :func:`fastcalc.buckets.pad_edges`. Stress is asked
-        for on fully periodic systems only. The results may be tensors on any device
-        (one copy to the host follows), or, from a model that has already brought them
-        to the host, a float and float64 numpy arrays.
-        """
+    def evaluate(self, system: System) -> Result:
+        """Energy, forces and (if ``system.compute_stress``) stress of ``system``."""
         raise NotImplementedError
 
     def _on_device(self, name: str, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -228,14 +270,28 @@ class TorchCalculator(Calculator):
             raise InvalidAtomsError(str(error)) from error
         if not atoms.cell.array.any(axis=1).all():  # a zero cell vector
             cell = padding_cell(cell, self.cutoff)  # else it would return the same cell
-        energy, forces, stress = self.evaluate(
-            positions, cell, numbers, edge_index, unit_shifts, periodic
+        charge, spin = charge_and_spin(atoms.info, self.default_spin)
+        system = System(
+            positions=positions,
+            cell=cell,
+            pbc=pbc,
+            numbers=numbers,
+            host_numbers=atoms.numbers,
+            system_index=self._on_device("system_index", np.zeros(len(atoms), int), torch.long),
+            edge_index=edge_index,
+            unit_shifts=unit_shifts,
+            search=self.neighbors.searches,
+            most_neighbors=self.neighbors.most_candidates,
+            charge=charge,
+            spin=spin,
+            compute_stress=periodic,
         )
-        if not isinstance(forces, np.ndarray):  # tensors: one copy to the host
-            energy, forces, stress = to_host(energy, forces, stress)
-        self.results = {"energy": float(energy), "free_energy": float(energy), "forces": forces}
-        if stress is not None:
-            self.results["stress"] = full_3x3_to_voigt_6_stress(stress)
+        result = self.evaluate(system)
+        self.results = {
+            "energy": result.energy, "free_energy": result.energy, "forces": result.forces
+        }
+        if result.stress is not None:
+            self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
 
 
 def to_host(*tensors: torch.Tensor | None) -> list[np.ndarray | None]:
@@ -268,8 +324,16 @@ class PotentialCalculator(TorchCalculator):
         self.energy_fn = energy_fn
         self.bucket_size = bucket_size
 
-    def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
-        edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
-        return energy_forces_stress(
-            lambda x, c: self.energy_fn(x, c, numbers, edges), positions, cell, compute_stress
+    def evaluate(self, system: System) -> Result:
+        """``energy_fn`` and its autograd forces and stress on padded edges."""
+        edges = pad_edges(
+            system.edge_index, system.unit_shifts, system.cell, self.cutoff, self.bucket_size
+        )
+        return Result.from_tensors(
+            *energy_forces_stress(
+                lambda x, c: self.energy_fn(x, c, system.numbers, edges),
+                system.positions,
+                system.cell,
+                system.compute_stress,
+            )
         )

@@ -22,8 +22,9 @@ import torch
 
 from ..calculator import (
     InvalidAtomsError,
+    Result,
+    System,
     TorchCalculator,
-    charge_and_spin,
     resolve_device,
     to_host,
 )
@@ -153,11 +154,11 @@ class CompiledPETCalculator(TorchCalculator):
         :attr:`fastcalc.tracing.GraphRunner.stats`)."""
         return self._runner.stats
 
-    def _state(self) -> tuple[int, int]:
+    def _state(self, system: System) -> tuple[int, int]:
         """Checked (charge, spin multiplicity); (0, 1) for models without conditioning."""
         if self.core.conditioning is None:
             return 0, 1
-        charge, spin = charge_and_spin(self.atoms.info)
+        charge, spin = system.charge, system.spin
         try:
             self.core.conditioning.check(charge, spin)
         except ValueError as error:
@@ -171,21 +172,20 @@ class CompiledPETCalculator(TorchCalculator):
             self._states[key] = torch.tensor(key, device=self.device)
         return self._states[key]
 
-    def _prepare(
-        self, positions: torch.Tensor, cell: torch.Tensor, edge_index: torch.Tensor,
-        unit_shifts: torch.Tensor,
-    ) -> Topology:
+    def _prepare(self, system: System) -> Topology:
         """The topology of the current neighbour search, prepared at its first use."""
-        search = self.neighbors.searches
-        if self._topology is not None and self._topology.search == search:
+        if self._topology is not None and self._topology.search == system.search:
             return self._topology
         candidates, shape = sized_candidates(
-            positions, cell, edge_index, unit_shifts, self.metadata.hypers, padded_shape
+            system.positions, system.cell, system.edge_index, system.unit_shifts,
+            self.metadata.hypers, padded_shape,
         )
-        self._topology = Topology.of(search, candidates, shape, len(positions))
+        self._topology = Topology.of(system.search, candidates, shape, len(system.positions))
         return self._topology
 
-    def _species(self, numbers: torch.Tensor, atoms: int) -> tuple[torch.Tensor, np.ndarray]:
+    def _species(
+        self, numbers: torch.Tensor, host_numbers: np.ndarray, atoms: int
+    ) -> tuple[torch.Tensor, np.ndarray]:
         """Species indices padded to ``atoms`` on the device, and unpadded on the host;
         made again only when ``numbers`` (cached on the device by the base class) or the
         padding changed."""
@@ -193,21 +193,24 @@ class CompiledPETCalculator(TorchCalculator):
         if cached is None or cached[0] is not numbers or cached[1] != atoms:
             species = self.core.species_index[numbers]  # supported: checked on the host
             padded = torch.cat([species, species.new_zeros(atoms - len(numbers))])
-            host = self._host_species[self.atoms.numbers]
+            host = self._host_species[host_numbers]
             self._species_cache = (numbers, atoms, padded, host)
         return self._species_cache[2], self._species_cache[3]
 
-    def evaluate(self, positions, cell, numbers, edge_index, unit_shifts, compute_stress):
-        charge, spin = self._state()
-        topology = self._prepare(positions, cell, edge_index, unit_shifts)
-        n = len(numbers)
-        padded_positions = pad_atoms(positions, topology.shape.atoms)
-        padded_species, host_species = self._species(numbers, topology.shape.atoms)
+    def evaluate(self, system: System) -> Result:
+        """The layout and the model in one compiled call (one replay under CUDA graphs)."""
+        charge, spin = self._state(system)
+        topology = self._prepare(system)
+        n = len(system.numbers)
+        padded_positions = pad_atoms(system.positions, topology.shape.atoms)
+        padded_species, host_species = self._species(
+            system.numbers, system.host_numbers, topology.shape.atoms
+        )
         state = self._state_tensor(charge, spin)
         while True:
             inputs = graph_inputs(
                 padded_positions,
-                cell,
+                system.cell,
                 padded_species,
                 topology.candidates,
                 topology.slots,
@@ -227,6 +230,7 @@ class CompiledPETCalculator(TorchCalculator):
             topology = Topology.of(topology.search, topology.candidates, shape, n)
             self._topology = topology
         result = apply_reference(
-            self.reference, host_species, energies, forces, virial if compute_stress else None
+            self.reference, host_species, energies, forces,
+            virial if system.compute_stress else None,
         )
-        return result.energy, result.forces, result.stress
+        return Result(result.energy, result.forces, result.stress)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..buckets import atom_mask, pad_atoms, pad_edges, padded_size
-from ..calculator import InvalidAtomsError, TorchCalculator, charge_and_spin, to_host
+from ..calculator import InvalidAtomsError, Result, System, TorchCalculator, to_host
 from ..geometry import edge_vectors
 from ..registry import resolve_model_path
 from ..tracing import GraphRunner, resolve_compile_mode
@@ -32,17 +31,15 @@ CHARGE_RANGE = (-100, 100)  # fairchem's accepted ranges and defaults
 SPIN_RANGE = (0, 100)
 
 
-def checked_charge_and_spin(info: dict, task_name: str) -> tuple[int, int]:
-    """:func:`fastcalc.calculator.charge_and_spin` with fairchem's spin default (1 for
-    ``omol``, else 0) and ranges (charge in [-100, 100], spin in [0, 100])."""
-    values = charge_and_spin(info, default_spin=1 if task_name == "omol" else 0)
-    for key, value, (low, high) in zip(("charge", "spin"), values, (CHARGE_RANGE, SPIN_RANGE)):
+def check_charge_and_spin(charge: int, spin: int) -> None:
+    """fairchem's ranges: charge in [-100, 100], spin multiplicity in [0, 100]."""
+    ranges = (CHARGE_RANGE, SPIN_RANGE)
+    for key, value, (low, high) in zip(("charge", "spin"), (charge, spin), ranges):
         if not low <= value <= high:
             raise InvalidAtomsError(
                 f"atoms.info[{key!r}] = {value} is outside the range {low} to {high}"
                 + (" (spin is the multiplicity 2S + 1; 0 means unset)" if key == "spin" else "")
             )
-    return values
 
 
 def _resolve_task(core_or_checkpoint: UMACore | UMACheckpoint, task_name: str | None) -> str:
@@ -137,7 +134,13 @@ class BucketedCalculator(TorchCalculator):
 
     @property
     def task_name(self) -> str:
+        """The dataset head in use."""
         return self.core.task.name
+
+    @property
+    def default_spin(self) -> int:
+        """fairchem's default spin multiplicity: 1 for ``omol``, else 0 (unset)."""
+        return 1 if self.task_name == "omol" else 0
 
     def set_task(self, task_name: str) -> None:
         """Switch the dataset head (re-merged in place, compiled graphs stay valid)."""
@@ -161,19 +164,14 @@ class BucketedCalculator(TorchCalculator):
             self._padded = (numbers, atoms, torch.cat([numbers, padding]), mask)
         return self._padded[2], self._padded[3]
 
-    def evaluate(
-        self,
-        positions: torch.Tensor,
-        cell: torch.Tensor,
-        numbers: torch.Tensor,
-        edge_index: torch.Tensor,
-        unit_shifts: torch.Tensor,
-        compute_stress: bool,
-    ) -> tuple[float, np.ndarray, np.ndarray | None]:
-        charge, spin = checked_charge_and_spin(self.atoms.info, self.task_name)
-        self.core.prepare(torch.from_numpy(self.atoms.numbers), charge, spin)  # host: no sync
+    def evaluate(self, system: System) -> Result:
+        """fairchem's neighbour limit and the expert merge on the host, then the graph."""
+        check_charge_and_spin(system.charge, system.spin)
+        self.core.prepare(torch.from_numpy(system.host_numbers), system.charge, system.spin)
+        positions, cell, numbers = system.positions, system.cell, system.numbers
+        edge_index, unit_shifts = system.edge_index, system.unit_shifts
         limit = self.core.max_neighbors
-        if 0 < limit < self.neighbors.most_candidates:  # else no atom can exceed it: skip
+        if 0 < limit < system.most_neighbors:  # else no atom can exceed it: skip
             with torch.no_grad():
                 lengths = edge_vectors(positions, cell, edge_index, unit_shifts).square().sum(-1)
                 edge_index, unit_shifts = apply_neighbor_limit(
@@ -189,6 +187,8 @@ class BucketedCalculator(TorchCalculator):
         )
         # one wait for the device; normalisers and element references apply on the host
         energy, forces, stress = map(torch.from_numpy, to_host(energy, forces[:n], stress))
-        out = self.core.outputs(energy, forces, stress, compute_stress)
+        out = self.core.outputs(energy, forces, stress, system.compute_stress)
         stress = out.get("stress")
-        return float(out["energy"]), out["forces"].numpy(), None if stress is None else stress.numpy()
+        return Result(
+            float(out["energy"]), out["forces"].numpy(), None if stress is None else stress.numpy()
+        )
