@@ -56,6 +56,7 @@ class PaddedEdges:
 
     @property
     def n_real(self) -> int:
+        """How many edges are real (not padding): a host synchronisation."""
         return int(self.edge_mask.sum())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _at_least(minimum: int):
+def _at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer no smaller than ``minimum``."""
 
     def count(text: str) -> int:
@@ -111,6 +112,7 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run ``fastcalc md`` or ``fastcalc bench`` with ``argv`` (default: the command line)."""
     args = _parser().parse_args(argv)
     if args.command == "md":
         _md(args)

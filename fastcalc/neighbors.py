@@ -156,6 +156,7 @@ class HostGeometry(NamedTuple):
     pbc: np.ndarray
 
     def copy(self) -> HostGeometry:
+        """Copies of the arrays, so later in-place edits of the atoms do not reach them."""
         return HostGeometry(*(np.array(a, copy=True) for a in self))
 
     def moved_from(self, searched: HostGeometry, skin: float) -> bool:

@@ -40,7 +40,8 @@ class Builder(Protocol):
 
     def __call__(
         self, path: Path, *, task: str | None, device: str | None, dtype: str, compile_mode: str
-    ) -> Calculator: ...
+    ) -> Calculator:
+        """The calculator for the model at ``path`` (``task`` only where the family has tasks)."""
 
 
 @dataclass(frozen=True)

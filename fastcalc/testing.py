@@ -76,6 +76,7 @@ class Report:
     checks: tuple[Check, ...]
 
     def with_status(self, status: Status) -> list[Check]:
+        """The checks whose status is ``status``, in order."""
         return [check for check in self.checks if check.status == status]
 
     def __str__(self) -> str:

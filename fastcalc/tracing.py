@@ -81,6 +81,7 @@ class CompiledGraph:
         self._first_call = True
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The compiled outputs; duck shaping is off until after the first call (module doc)."""
         if self._first_call:
             with fx_config.patch(use_duck_shape=False):
                 outputs = self._compiled(*inputs)
@@ -122,6 +123,7 @@ class CapturedGraphs:
         return len(self._recordings)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Replay the graph recorded for these input shapes, recording it first if new."""
         key = tuple((x.shape, x.dtype, x.device) for x in inputs)
         recording = self._recordings.get(key)
         if recording is None:
@@ -206,6 +208,7 @@ class GraphRunner:
         self._compilations = 0
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``fn(*inputs)`` with gradients on: eager, or compiled at the first call."""
         with torch.enable_grad():
             if self.mode == "eager":
                 return self.fn(*inputs)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..archives import archive_members, pickle_strings
 from ..demo_models import PET_DEMO_CU
 from ..registry import ModelFamily, register
 from .calculator import CompiledPETCalculator
+
+if TYPE_CHECKING:
+    from ..bench.suite import Contest
 
 __all__ = ["FAMILY", "is_pet_file"]
 
@@ -31,7 +35,7 @@ def _build(
     return CompiledPETCalculator(path, device=device, dtype=dtype, compile_mode=compile_mode)
 
 
-def _contest(folder: Path, device: str, small: bool):
+def _contest(folder: Path, device: str, small: bool) -> Contest:
     """``fastcalc bench pet`` (the bench is imported only when benchmarking)."""
     from ..bench.suite import pet_contest
 

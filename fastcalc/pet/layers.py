@@ -26,6 +26,7 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(hidden, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (..., width) through the net, same shape."""
         h = self.up(x)
         if self.gated:
             value, gate = h.chunk(2, dim=-1)
@@ -44,6 +45,7 @@ class Head(nn.Module):
         self.out = nn.Linear(d_head, d_head)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Last-layer features (..., d_head) of features ``x`` (..., width)."""
         return nn.functional.silu(self.out(nn.functional.silu(self.hidden(x))))
 
 

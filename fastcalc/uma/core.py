@@ -147,7 +147,15 @@ class _Block(nn.Module):
         self.norm_2 = RMSNormSH(weights, f"{prefix}norm_2.", lmax)
         self.feed_forward = SpectralFeedForward(weights, f"{prefix}atom_wise.", lmax, hidden)
 
-    def forward(self, x, system, edge_features, centre, neighbour, frames: EdgeFrames):
+    def forward(
+        self,
+        x: torch.Tensor,
+        system: torch.Tensor,
+        edge_features: torch.Tensor,
+        centre: torch.Tensor,
+        neighbour: torch.Tensor,
+        frames: EdgeFrames,
+    ) -> torch.Tensor:
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
@@ -237,6 +245,7 @@ class UMACore(nn.Module):
 
     @property
     def task(self) -> TaskSpec:
+        """The task set by :meth:`set_task`: its name, normalisers and element references."""
         return self._task
 
     def set_task(self, task: str) -> None:
@@ -343,7 +352,13 @@ class UMACore(nn.Module):
         value = 1 + d**p * (-(p + 1) * (p + 2) / 2 + d * (p * (p + 2) - p * (p + 1) / 2 * d))
         return torch.where(d < 1, value, torch.zeros_like(value))
 
-    def _initial_features(self, numbers, edge_features, centre, frames) -> torch.Tensor:
+    def _initial_features(
+        self,
+        numbers: torch.Tensor,
+        edge_features: torch.Tensor,
+        centre: torch.Tensor,
+        frames: EdgeFrames,
+    ) -> torch.Tensor:
         """Element + system embedding on l=0, plus the edge-degree embedding."""
         atoms = numbers.shape[0]
         scalar = (self.element_embedding[numbers] + self.system).unsqueeze(1)

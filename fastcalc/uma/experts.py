@@ -33,6 +33,7 @@ class SystemEmbedding(nn.Module):
         self.mix = frozen_linear(weights, f"{prefix}mix_csd.")
 
     def forward(self, charge: int, spin: int, dataset: str) -> torch.Tensor:
+        """The system vector of the total ``charge``, ``spin`` multiplicity and ``dataset``."""
         parts = [self.charge(charge), self.spin(spin)]
         if len(self.datasets):
             if dataset not in self.mapping:
@@ -73,6 +74,7 @@ class ExpertRouter(nn.Module):
             raise NotImplementedError(f"expert coefficient norm {self.norm!r} is not supported")
 
     def forward(self, numbers: torch.Tensor, system: torch.Tensor) -> torch.Tensor:
+        """Expert coefficients (K,) from atomic ``numbers`` and the ``system`` embedding."""
         parts = [system]
         if self.composition is not None:
             total = self.composition[numbers].sum(dim=0)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..archives import pickle_globals
 from ..demo_models import UMA_DEMO_CU
 from ..registry import ModelFamily, register
 from .calculator import BucketedCalculator
 from .checkpoint import CHECKPOINT_CLASS
+
+if TYPE_CHECKING:
+    from ..bench.suite import Contest
 
 __all__ = ["FAMILY", "is_uma_file"]
 
@@ -26,7 +30,7 @@ def _build(
     )
 
 
-def _contest(folder: Path, device: str, small: bool):
+def _contest(folder: Path, device: str, small: bool) -> Contest:
     """``fastcalc bench uma`` (the bench is imported only when benchmarking)."""
     from ..bench.suite import uma_contest
 

@@ -69,6 +69,7 @@ class RMSNormSH(nn.Module):
         self.register_buffer("bias", weights[f"{prefix}affine_bias"].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised node features ``x`` (atoms, (lmax+1)^2, channels), same shape."""
         scalar = x[:, :1]
         x = torch.cat((scalar - scalar.mean(dim=2, keepdim=True), x[:, 1:]), dim=1)
         mean_square = (x.square() * self.balance).sum(dim=1, keepdim=True).mean(dim=2, keepdim=True)
@@ -85,6 +86,7 @@ class DegreeLinear(nn.Module):
         self.register_buffer("bias", weights[f"{prefix}bias"].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (N, (lmax+1)^2, in) mixed per degree into (N, (lmax+1)^2, out)."""
         return add_to_scalar(torch.einsum("nki,koi->nko", x, self.weight), self.bias)
 
 
@@ -103,6 +105,7 @@ class Gate(nn.Module):
         self.register_buffer("index", torch.tensor([l - 1 for l in degrees[1:]]), persistent=False)
 
     def forward(self, gates: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``x`` gated: SiLU on its l=0 component, ``sigmoid(gates)`` times the others."""
         gates = torch.sigmoid(gates).unflatten(1, (-1, self.channels))[:, self.index]
         return torch.cat((F.silu(x[:, :1]), x[:, 1:] * gates), dim=1)
 
@@ -118,6 +121,7 @@ class SpectralFeedForward(nn.Module):
         self.linear_out = DegreeLinear(weights, f"{prefix}so3_linear_2.", lmax)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Node features ``x`` through the feed-forward, gated by their l=0 row; same shape."""
         gates = self.gate_mlp(x[:, 0])
         return self.linear_out(self.gate(gates, self.linear_in(x)))
 
@@ -158,6 +162,7 @@ class MixedLinear(nn.Module):
         self.weight[half_out:, half_in:].copy_(w1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` times the weight last merged by :meth:`merge`, plus the bias."""
         return F.linear(x, self.weight, self.bias)
 
 
@@ -203,6 +208,7 @@ class SO2Convolution(nn.Module):
         self.radial_sizes += [layer.weight.shape[1] // 2 for layer in self.orders]
 
     def mixed_layers(self) -> list[MixedLinear]:
+        """Its linear maps (m = 0, then each m > 0): the ones whose experts get merged."""
         return [self.m0, *self.orders]
 
     def forward(
@@ -246,6 +252,7 @@ class ChargeSpinEmbedding(nn.Module):
             self.register_buffer("table", weights[f"{prefix}rand_emb.weight"].clone())
 
     def forward(self, value: int) -> torch.Tensor:
+        """The embedding of the integer ``value`` (total charge or spin multiplicity)."""
         if self.kind == "rand_emb":
             return self.table[value + self.offset]
         if self.kind == "lin_emb":
