@@ -236,6 +236,7 @@ class TorchCalculator(Calculator):
         self._checked = tuple(np.array(array, copy=True) for array in key)
 
     def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
+        """ASE's changes, plus ``"info"`` when charge or spin in ``atoms.info`` changed."""
         changes = super().check_state(atoms, tol)
         if self.atoms is not None and any(
             self.atoms.info.get(key) != atoms.info.get(key) for key in INFO_KEYS
@@ -249,6 +250,7 @@ class TorchCalculator(Calculator):
         properties: Collection[str] = ("energy",),
         system_changes: list[str] = all_changes,
     ) -> None:
+        """Check ``atoms``, build its :class:`System`, evaluate it and store the results."""
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms
         check_positions(atoms)

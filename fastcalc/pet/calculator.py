@@ -79,7 +79,10 @@ class Topology(NamedTuple):
     atom_mask: torch.Tensor
 
     @classmethod
-    def of(cls, search: int, candidates: Candidates, shape: PaddedShape, num_atoms: int):
+    def of(
+        cls, search: int, candidates: Candidates, shape: PaddedShape, num_atoms: int
+    ) -> Topology:
+        """The topology of one search's padded candidates in ``shape``."""
         device = candidates.neighbors.device
         slots = torch.arange(shape.width, device=device)
         return cls(search, candidates, shape, slots, atom_mask(num_atoms, shape.atoms, device))
