@@ -16,6 +16,17 @@ def test_pair_potential_md_conserves_energy():
     assert abs(drift) < 0.1, result.stdout
 
 
+def test_a_third_model_family_is_found_and_passes_check_calculator():
+    """examples/morse_family.py registers a family, loads a file of it by its format and
+    runs check_calculator against ASE's MorsePotential (which raises on any failure)."""
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "morse_family.py")],
+        capture_output=True, text=True, check=True,
+    )
+    assert "PotentialCalculator from copper.morse.json" in result.stdout
+    assert "checks passed, 1 skipped" in result.stdout  # Morse knows every element
+
+
 def test_cell_relaxation_finds_the_lattice_constant_of_emt():
     """The UMA demo model was fitted to EMT, so it should relax to EMT's lattice constant."""
     from ase.build import bulk
