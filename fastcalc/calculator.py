@@ -10,6 +10,7 @@ torch energy function into the same path.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -211,6 +212,25 @@ class TorchCalculator(Calculator):
         )
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
         self._checked: tuple[np.ndarray, ...] | None = None
+        self._lock = threading.RLock()
+
+    def get_property(
+        self, name: str, atoms: Atoms | None = None, allow_calculation: bool = True
+    ) -> object:
+        """ASE's ``get_property``, one thread at a time: a calculator shared by threads
+        (models merge weights in place, results are stored on the calculator) gives each
+        caller the results of its own ``atoms``."""
+        with self._lock:
+            return super().get_property(name, atoms, allow_calculation)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock cannot be copied; a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def evaluate(self, system: System) -> Result:
         """Energy, forces and (if ``system.compute_stress``) stress of ``system``."""

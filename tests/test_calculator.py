@@ -121,3 +121,35 @@ def test_charge_and_spin_read_from_info(info, expected):
 def test_non_integer_charge_or_spin_is_refused(info):
     with pytest.raises(InvalidAtomsError, match="must be an integer"):
         charge_and_spin(info)
+
+
+def test_two_threads_sharing_one_calculator_each_get_their_own_results():
+    from concurrent.futures import ThreadPoolExecutor
+
+    calc = morse_calculator()
+    systems = [bulk("Cu", "fcc", a=a, cubic=True).repeat(2) for a in (3.5, 3.6, 3.7, 3.8)]
+    for seed, atoms in enumerate(systems):
+        atoms.rattle(0.05, seed=seed)
+
+    def forces(atoms: Atoms) -> np.ndarray:
+        atoms = atoms.copy()
+        atoms.calc = calc
+        return atoms.get_forces()
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(forces, systems * 20))
+    for atoms, ours in zip(systems * 20, results):
+        expected = atoms.copy()
+        expected.calc = ase_morse()
+        np.testing.assert_allclose(ours, expected.get_forces(), atol=1e-10)
+
+
+def test_a_copied_calculator_gives_the_same_results():
+    import copy
+    import pickle
+
+    atoms = crystal()
+    calc = morse_calculator()
+    expected = calc.get_forces(atoms)
+    for other in (copy.deepcopy(calc), pickle.loads(pickle.dumps(calc))):
+        np.testing.assert_array_equal(other.get_forces(atoms), expected)
