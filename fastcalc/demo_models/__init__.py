@@ -15,4 +15,8 @@ DEMO_MODELS_DIR = Path(__file__).resolve().parent
 PET_DEMO_CU = DEMO_MODELS_DIR / "pet-demo-cu.pt"
 UMA_DEMO_CU = DEMO_MODELS_DIR / "uma-demo-cu.pt"
 
-__all__ = ["DEMO_MODELS_DIR", "PET_DEMO_CU", "UMA_DEMO_CU"]
+#: The elements each bundled model was fitted on; its calculator refuses the others (a UMA
+#: checkpoint would otherwise accept all 99 elements of its embedding).
+FITTED_ELEMENTS = {PET_DEMO_CU: (29,), UMA_DEMO_CU: (29,)}
+
+__all__ = ["DEMO_MODELS_DIR", "FITTED_ELEMENTS", "PET_DEMO_CU", "UMA_DEMO_CU"]

@@ -16,6 +16,7 @@ import torch
 
 from ..buckets import atom_mask, pad_atoms, pad_edges, padded_size
 from ..calculator import InvalidAtomsError, Result, System, TorchCalculator, to_host
+from ..demo_models import FITTED_ELEMENTS
 from ..geometry import edge_vectors
 from ..registry import resolve_model_path
 from ..tracing import GraphRunner, resolve_compile_mode
@@ -113,11 +114,14 @@ class BucketedCalculator(TorchCalculator):
             )
             compile_mode = "eager"
         name = str(checkpoint) if isinstance(checkpoint, (str, Path)) else type(checkpoint).__name__
+        fitted = None
         if isinstance(checkpoint, (str, Path)):
-            checkpoint = load_checkpoint(resolve_model_path(checkpoint))
+            path = resolve_model_path(checkpoint)
+            fitted = FITTED_ELEMENTS.get(path.resolve())  # a bundled model: what it was fitted on
+            checkpoint = load_checkpoint(path)
         task_name = _resolve_task(checkpoint, task_name)
         core = checkpoint if isinstance(checkpoint, UMACore) else UMACore(checkpoint, task_name)
-        supported = range(1, core.element_embedding.shape[0])
+        supported = fitted or range(1, core.element_embedding.shape[0])
         super().__init__(
             core.cutoff, supported_numbers=supported, device=device, dtype=dtype, **kwargs
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ase.build import bulk
 from test_against_fairchem import RTOL
 from uma_reference import structures
 
@@ -112,3 +113,10 @@ def test_todict_records_the_settings_that_differ_from_the_defaults(uma_checkpoin
         "checkpoint": str(path), "task_name": "omat", "device": "cpu", "bucket_size": 64,
         "skin": 0.3,
     }
+
+
+def test_the_bundled_demo_model_refuses_elements_it_was_not_fitted_on():
+    gold = bulk("Au", "fcc", a=4.08)
+    gold.calc = BucketedCalculator("uma-demo-cu", device="cpu")
+    with pytest.raises(InvalidAtomsError, match="does not support Au; it supports Cu"):
+        gold.get_potential_energy()
