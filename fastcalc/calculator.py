@@ -212,6 +212,7 @@ class TorchCalculator(Calculator):
         )
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
         self._checked: tuple[np.ndarray, ...] | None = None
+        self._zeros: torch.Tensor | None = None
         self._lock = threading.RLock()
 
     def get_property(
@@ -245,6 +246,13 @@ class TorchCalculator(Calculator):
             device = torch.tensor(host, dtype=dtype, device=self.device)
             self._device_copies[name] = (host, device)
         return device
+
+    def _system_index(self, atoms: int) -> torch.Tensor:
+        """``system_index`` of one system of ``atoms`` atoms (zeros), made when the count
+        changes rather than every call."""
+        if self._zeros is None or len(self._zeros) != atoms:
+            self._zeros = torch.zeros(atoms, dtype=torch.long, device=self.device)
+        return self._zeros
 
     def _check_structure(self, atoms: Atoms) -> None:
         """:func:`check_structure`, skipped while numbers, cell and pbc equal those of the
@@ -299,7 +307,7 @@ class TorchCalculator(Calculator):
             pbc=pbc,
             numbers=numbers,
             host_numbers=atoms.numbers,
-            system_index=self._on_device("system_index", np.zeros(len(atoms), int), torch.long),
+            system_index=self._system_index(len(atoms)),
             edge_index=edge_index,
             unit_shifts=unit_shifts,
             search=self.neighbors.searches,

@@ -43,6 +43,7 @@ from .stream import StreamRecord, plot_stream, stream_structures, time_stream
 from .timing import (
     BenchRecord,
     copper,
+    force_error,
     plot_records,
     ratio_table,
     time_calculators,
@@ -208,8 +209,8 @@ def check_agreement(upstream: Calculator, ours: Calculator, atoms: Atoms) -> Agr
     our_energy, our_forces, our_stress = _results(ours, atoms)
     agreement = Agreement(
         energy=abs(our_energy - energy) / max(abs(energy), 1.0),
-        forces=float(np.abs(our_forces - forces).max() / max(np.abs(forces).max(), 1e-12)),
-        stress=float(np.abs(our_stress - stress).max() / max(np.abs(stress).max(), 1e-12)),
+        forces=force_error(our_forces, forces),
+        stress=force_error(our_stress, stress),
     )
     if any(getattr(agreement, name) > limit for name, limit in TOLERANCE.items()):
         raise RuntimeError(

@@ -24,6 +24,8 @@ from ase import Atoms
 from ase.build import bulk
 from ase.calculators.calculator import Calculator, all_changes
 
+from ..tracing import compiled_graphs
+
 __all__ = [
     "BenchRecord",
     "copper",
@@ -108,13 +110,6 @@ def force_error(forces: np.ndarray, reference: np.ndarray) -> float:
     return float(np.abs(forces - reference).max() / max(np.abs(reference).max(), 1e-12))
 
 
-def _graph_count() -> int:
-    """Graphs compiled by torch.compile so far in this process."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def time_calculators(
     calculators: dict[str, Callable[[], Calculator]],
     atoms: Atoms,
@@ -163,9 +158,9 @@ def time_calculators(
     recompiles = dict.fromkeys(calculators, 0)
     for step in progress(range(warmup, warmup + calls)):
         for name, calc in built.items():
-            graphs = _graph_count()
+            graphs = compiled_graphs()
             times[name].append(timed_call(calc, moved(step)))
-            recompiles[name] += _graph_count() - graphs
+            recompiles[name] += compiled_graphs() - graphs
             if name not in errors:
                 errors[name] = force_error(np.asarray(calc.results["forces"]), exact)
     return [
