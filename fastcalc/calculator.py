@@ -29,6 +29,7 @@ from ase.stress import full_3x3_to_voigt_6_stress
 from .buckets import PaddedEdges, pad_edges, padding_cell
 from .geometry import energy_forces_stress
 from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList
+from .precision import check_precision, matmul_precision
 
 __all__ = [
     "InvalidAtomsError",
@@ -176,14 +177,20 @@ class TorchCalculator(Calculator):
     is the Verlet skin of the neighbor list: the search is redone only after an
     atom moved more than ``skin / 2``; results do not depend on it.
     ``max_neighbors`` bounds the neighbours per atom (an error beyond it,
-    typically wrong units).
+    typically wrong units). ``precision`` (:mod:`fastcalc.precision`): ``"float32"``
+    (default) keeps every float32 matrix product IEEE, even when torch's global TF32
+    flags are on; ``"tf32"`` runs the network's own products on TF32 tensor cores (CUDA,
+    dtype float32), faster and less accurate.
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
     #: Spin multiplicity when ``atoms.info`` gives none.
     default_spin = 1
     #: What ``todict()`` (and so ASE's trajectories) records: the constructor's settings.
-    default_parameters = {"device": None, "dtype": "float32", "skin": 0.5, "max_neighbors": 4096}
+    default_parameters = {
+        "device": None, "dtype": "float32", "precision": "float32", "skin": 0.5,
+        "max_neighbors": 4096,
+    }
     #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
     #: tensors until the next search) instead of the pairs within the cutoff.
     takes_candidates = False
@@ -195,6 +202,7 @@ class TorchCalculator(Calculator):
         supported_numbers: Collection[int] | None = None,
         device: str | torch.device | None = None,
         dtype: str = "float32",
+        precision: str = "float32",
         skin: float = 0.5,
         max_neighbors: int = 4096,
         **kwargs,
@@ -206,9 +214,11 @@ class TorchCalculator(Calculator):
         self.supported_numbers = None if supported_numbers is None else frozenset(supported_numbers)
         self.device = resolve_device(device)
         self.dtype = _DTYPES[dtype]
+        self.precision = check_precision(precision, self.dtype)
         self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
         self.parameters.update(
-            device=str(self.device), dtype=dtype, skin=skin, max_neighbors=max_neighbors
+            device=str(self.device), dtype=dtype, precision=precision, skin=skin,
+            max_neighbors=max_neighbors,
         )
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
         self._checked: tuple[np.ndarray, ...] | None = None
@@ -316,7 +326,8 @@ class TorchCalculator(Calculator):
             spin=spin,
             compute_stress=periodic,
         )
-        result = self.evaluate(system)
+        with matmul_precision(self.precision):
+            result = self.evaluate(system)
         self.results = {
             "energy": result.energy, "free_energy": result.energy, "forces": result.forces
         }

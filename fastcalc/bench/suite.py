@@ -99,7 +99,8 @@ class Contest:
     """One model's benchmark: the record names and the calculators to compare.
 
     ``contenders`` are the timed calculators (the headline upstream first, fastcalc
-    last); ``streamed`` names those that the ``stream`` workload runs.
+    last); ``pairs`` lists the (upstream, fastcalc) contenders compared in the printed
+    tables; ``streamed`` names those that the ``stream`` workload runs.
     """
 
     model: str
@@ -108,6 +109,7 @@ class Contest:
     eager: Callable[[], Calculator]  # eager fastcalc, for the agreement check
     accurate: Callable[[], Calculator]  # eager float64 fastcalc, for the force errors
     contenders: Callable[[], dict[str, Callable[[], Calculator]]]  # timed, for one size
+    pairs: tuple[tuple[str, str], ...]
     streamed: tuple[str, ...]
 
 
@@ -139,6 +141,7 @@ def pet_contest(folder: Path, device: str, small: bool) -> Contest:
             path, device=device, dtype="float64", compile_mode="eager"
         ),
         contenders=lambda: factories,
+        pairs=(("metatomic", "fastcalc"),),
         streamed=("metatomic", "fastcalc"),
     )
 
@@ -150,8 +153,9 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
 
     ``fairchem`` is the ``high-precision`` preset as fairchem picks its backend
     (``umas_fast_gpu`` on CUDA for lmax = mmax = 2), ``fairchem-general`` the same
-    preset on the general backend; fastcalc runs its default mode (CUDA graphs on CUDA,
-    eager on CPU).
+    preset on the general backend, ``fairchem-tf32`` the ``multigpu`` preset (TF32,
+    backend left to fairchem); fastcalc runs its default mode (CUDA graphs on CUDA, eager
+    on CPU), in float32 and, as ``fastcalc-tf32``, with ``precision="tf32"``.
     """
     path = folder / "uma.pt"
     backbone = default_backbone(**(UMA_TINY if small else UMA_S))
@@ -160,6 +164,12 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
         "fairchem": _once(lambda: fairchem_preset_calculator(path, "omat", device)),
         "fairchem-general": _once(
             lambda: fairchem_preset_calculator(path, "omat", device, execution_mode="general")
+        ),
+        "fairchem-tf32": _once(
+            lambda: fairchem_preset_calculator(path, "omat", device, preset="multigpu")
+        ),
+        "fastcalc-tf32": _once(
+            lambda: BucketedCalculator(path, task_name="omat", device=device, precision="tf32")
         ),
         "fastcalc": _once(lambda: BucketedCalculator(path, task_name="omat", device=device)),
     }
@@ -174,6 +184,10 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
             path, task_name="omat", device=device, dtype="float64", compile_mode="eager"
         ),
         contenders=lambda: factories,
+        pairs=(
+            ("fairchem", "fastcalc"), ("fairchem-general", "fastcalc"),
+            ("fairchem-tf32", "fastcalc-tf32"),
+        ),
         streamed=("fairchem", "fastcalc"),
     )
 
@@ -234,11 +248,6 @@ def _bar(label: str) -> Callable[[Iterable], Iterable]:
     return lambda steps: tqdm(steps, desc=label, unit="call", leave=False)
 
 
-def _upstreams(records: list[BenchRecord]) -> list[str]:
-    """The timed implementations other than fastcalc, in the order they were timed."""
-    return list(dict.fromkeys(r.impl for r in records if r.impl != "fastcalc"))
-
-
 def run_benchmark(
     name: str,
     *,
@@ -269,7 +278,7 @@ def run_benchmark(
             )
             write_records(records, path)
     plot_records(records, path.with_suffix(".png"))
-    tables = "\n\n".join(ratio_table(records, upstream) for upstream in _upstreams(records))
+    tables = "\n\n".join(ratio_table(records, *pair) for pair in contest.pairs)
     print(f"\n{contest.model} on {records[0].gpu}, torch {records[0].torch}: wrote {path} "
           f"and {path.with_suffix('.png').name}; force errors against eager float64 fastcalc"
           f"\n\n{tables}\n", flush=True)

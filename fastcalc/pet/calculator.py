@@ -105,7 +105,11 @@ class CompiledPETCalculator(TorchCalculator):
     also replays a CUDA graph recorded per padded shape; ``"eager"`` runs the same
     padded inputs through the core without compiling. ``calc.compile_stats`` counts
     compilations, CUDA graphs and recompiles. Other keyword arguments go to
-    :class:`fastcalc.calculator.TorchCalculator` (``skin``, ``max_neighbors``, ...).
+    :class:`fastcalc.calculator.TorchCalculator` (``skin``, ``max_neighbors``, ...),
+    among them ``precision``: ``"float32"`` (default) is IEEE float32 throughout, even
+    with torch's global TF32 flags on; ``"tf32"`` runs the attention and feed-forward
+    layers on TF32 tensor cores (CUDA), while geometry, forces and stress stay IEEE
+    float32 (:mod:`fastcalc.precision`).
 
     Example::
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..precision import Linear
 from .cutoffs import CUTOFF_FUNCTIONS, implicit_step
 from .hypers import PETHypers
 from .layers import Head, MessageBlock, attention_bias
@@ -26,8 +27,8 @@ class SystemConditioning(nn.Module):
         self.max_spin_multiplicity = max_spin_multiplicity
         self.charge_table = nn.Embedding(2 * max_charge + 1, width)
         self.spin_table = nn.Embedding(max_spin_multiplicity, width)
-        self.hidden = nn.Linear(2 * width, width)
-        self.gate = nn.Linear(width, width)
+        self.hidden = Linear(2 * width, width)
+        self.gate = Linear(width, width)
 
     def check(self, charge: int, spin_multiplicity: int) -> None:
         """Refuse states outside the embedding tables."""
@@ -90,10 +91,10 @@ class PETCore(nn.Module):
                 nn.LayerNorm(2 * h.d_pet) for _ in range(h.num_gnn_layers)
             )
             self.merge_hidden = nn.ModuleList(
-                nn.Linear(2 * h.d_pet, 2 * h.d_pet) for _ in range(h.num_gnn_layers)
+                Linear(2 * h.d_pet, 2 * h.d_pet) for _ in range(h.num_gnn_layers)
             )
             self.merge_out = nn.ModuleList(
-                nn.Linear(2 * h.d_pet, h.d_pet) for _ in range(h.num_gnn_layers)
+                Linear(2 * h.d_pet, h.d_pet) for _ in range(h.num_gnn_layers)
             )
         self.conditioning = (
             SystemConditioning(h.d_node, h.max_charge, h.max_spin_multiplicity)
@@ -107,10 +108,10 @@ class PETCore(nn.Module):
             Head(h.d_pet, h.d_head) for _ in range(h.num_readout_layers)
         )
         self.node_outputs = nn.ModuleList(
-            nn.Linear(h.d_head, 1) for _ in range(h.num_readout_layers)
+            Linear(h.d_head, 1) for _ in range(h.num_readout_layers)
         )
         self.edge_outputs = nn.ModuleList(
-            nn.Linear(h.d_head, 1) for _ in range(h.num_readout_layers)
+            Linear(h.d_head, 1) for _ in range(h.num_readout_layers)
         )
         self.cutoff_function = CUTOFF_FUNCTIONS[h.cutoff_function]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..precision import Linear, linear, matmul
 from .hypers import PETHypers
 
 # Cutoff weights of real neighbours are floored before their log enters attention.
@@ -22,8 +23,8 @@ class FeedForward(nn.Module):
     def __init__(self, width: int, hidden: int, activation: str) -> None:
         super().__init__()
         self.gated = activation == "SwiGLU"
-        self.up = nn.Linear(width, 2 * hidden if self.gated else hidden)
-        self.down = nn.Linear(hidden, width)
+        self.up = Linear(width, 2 * hidden if self.gated else hidden)
+        self.down = Linear(hidden, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (..., width) through the net, same shape."""
@@ -41,8 +42,8 @@ class Head(nn.Module):
 
     def __init__(self, width: int, d_head: int) -> None:
         super().__init__()
-        self.hidden = nn.Linear(width, d_head)
-        self.out = nn.Linear(d_head, d_head)
+        self.hidden = Linear(width, d_head)
+        self.out = Linear(d_head, d_head)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Last-layer features (..., d_head) of features ``x`` (..., width)."""
@@ -78,15 +79,15 @@ class TokenLayer(nn.Module):
         self.num_heads = n_heads
         self.scale = 1.0 / ((d // n_heads) ** 0.5 * hypers.attention_temperature)
         self.pre_norm = hypers.transformer_type == "PreLN"
-        self.qkv = nn.Linear(d, 3 * d)
-        self.attn_out = nn.Linear(d, d)
+        self.qkv = Linear(d, 3 * d)
+        self.attn_out = Linear(d, d)
         self.attn_norm = make_norm(hypers.normalization, d)
         self.ffn_norm = make_norm(hypers.normalization, d)
         self.ffn = FeedForward(d, hypers.d_feedforward, hypers.activation)
         self.separate_node_width = hypers.d_node != d
         if self.separate_node_width:
-            self.node_in = nn.Linear(hypers.d_node, d)
-            self.node_out = nn.Linear(d, hypers.d_node)
+            self.node_in = Linear(hypers.d_node, d)
+            self.node_out = Linear(d, hypers.d_node)
             self.node_norm = make_norm(hypers.normalization, hypers.d_node)
             self.node_ffn = FeedForward(hypers.d_node, 2 * hypers.d_node, hypers.activation)
 
@@ -98,8 +99,8 @@ class TokenLayer(nn.Module):
             .view(n, t, 3, self.num_heads, d // self.num_heads)
             .permute(2, 0, 3, 1, 4)
         )
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale + bias
-        mixed = torch.matmul(scores.softmax(dim=-1), v)
+        scores = matmul(q, k.transpose(-1, -2)) * self.scale + bias
+        mixed = matmul(scores.softmax(dim=-1), v)
         return self.attn_out(mixed.transpose(1, 2).reshape(n, t, d))
 
     def forward(
@@ -138,11 +139,11 @@ class MessageBlock(nn.Module):
         super().__init__()
         d = hypers.d_pet
         self.first = first
-        self.geometry = nn.Linear(4, d)
+        self.geometry = nn.Linear(4, d)  # geometry: IEEE float32 always
         if not first:
             self.neighbor_types = nn.Embedding(num_species, d)
-        self.mix_hidden = nn.Linear((2 if first else 3) * d, d)
-        self.mix_out = nn.Linear(d, d)
+        self.mix_hidden = Linear((2 if first else 3) * d, d)
+        self.mix_out = Linear(d, d)
         self.layers = nn.ModuleList(TokenLayer(hypers) for _ in range(hypers.num_attention_layers))
 
     def embed_edges(
@@ -166,7 +167,7 @@ class MessageBlock(nn.Module):
             table = messages.weight @ weight[:, d:].T
         else:
             table = self.neighbor_types.weight @ weight[:, d : 2 * d].T
-            hidden = hidden + nn.functional.linear(messages, weight[:, 2 * d :])
+            hidden = hidden + linear(messages, weight[:, 2 * d :])
         hidden = hidden + table[neighbor_types]
         return self.mix_out(nn.functional.silu(hidden))
 

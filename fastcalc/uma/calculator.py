@@ -78,7 +78,11 @@ class BucketedCalculator(TorchCalculator):
     also replays a CUDA graph recorded per padded shape; ``"eager"`` compiles
     nothing. ``calc.compile_stats`` counts compilations, CUDA graphs and recompiles.
     Other keyword arguments go to :class:`fastcalc.calculator.TorchCalculator`
-    (``skin``, ``max_neighbors``, ...).
+    (``skin``, ``max_neighbors``, ...), among them ``precision``: ``"float32"`` (default)
+    is IEEE float32 throughout, even with torch's global TF32 flags on; ``"tf32"`` runs
+    the SO(2) convolutions, radial networks and feed-forward layers on TF32 tensor cores
+    (CUDA), while geometry, Wigner rotations, forces and stress stay IEEE float32
+    (:mod:`fastcalc.precision`).
 
     Example::
 

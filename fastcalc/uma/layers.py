@@ -14,16 +14,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..precision import Linear, linear, matmul
 from .so3 import coefficient_degrees
 
 Weights = dict[str, torch.Tensor]
 
 
-def frozen_linear(weights: Weights, prefix: str) -> nn.Linear:
-    """``nn.Linear`` filled from ``{prefix}weight`` / ``{prefix}bias`` (bias optional)."""
+def frozen_linear(weights: Weights, prefix: str) -> Linear:
+    """A network :class:`fastcalc.precision.Linear` filled from ``{prefix}weight`` / ``{prefix}bias`` (bias optional)."""
     weight = weights[f"{prefix}weight"]
     bias = weights.get(f"{prefix}bias")
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    layer = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     with torch.no_grad():
         layer.weight.copy_(weight)
         if bias is not None:
@@ -87,7 +88,8 @@ class DegreeLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (N, (lmax+1)^2, in) mixed per degree into (N, (lmax+1)^2, out)."""
-        return add_to_scalar(torch.einsum("nki,koi->nko", x, self.weight), self.bias)
+        mixed = matmul(x.transpose(0, 1), self.weight.transpose(1, 2)).transpose(0, 1)
+        return add_to_scalar(mixed, self.bias)
 
 
 class Gate(nn.Module):
@@ -163,7 +165,7 @@ class MixedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` times the weight last merged by :meth:`merge`, plus the bias."""
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 def mixed_linear(weights: Weights, prefix: str, complex_pair: bool = False) -> MixedLinear:

@@ -5,8 +5,11 @@ when a size comes back."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+import torch
 from ase import Atoms
 from torch._dynamo.utils import counters
 
@@ -116,3 +119,41 @@ def test_charge_and_spin_need_no_new_graph(model, compiled):
     charged = results(compiled, SIZES["bulk"](), **CHARGED_STATE)
     assert graphs() == before
     assert_close(charged, upstream(upstream_calculator(model), SIZES["bulk"](), **CHARGED_STATE))
+
+
+@pytest.fixture(scope="module")
+def float64(model):
+    return CompiledPETCalculator(model.pt, device="cuda", dtype="float64", compile_mode="eager")
+
+
+@pytest.fixture(scope="module")
+def tf32(model):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*TF32")
+        return CompiledPETCalculator(model.pt, device="cuda", precision="tf32")
+
+
+def test_float32_stays_ieee_with_torch_global_tf32_on(compiled, eager, float64, tf32):
+    """Under torch's global TF32 flag, float32 equals the flag-off result; TF32 in the
+    network alone would move forces beyond float32's round-off."""
+    atoms = make_structure("bulk").repeat((3, 1, 1))  # a new shape: recorded now
+    exact = results(float64, atoms)["forces"]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with_flag = [results(calc, atoms)["forces"] for calc in (compiled, eager)]
+        assert torch.backends.cuda.matmul.allow_tf32  # the user's setting survives
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    without_flag = results(eager, atoms)["forces"]
+    for forces in with_flag:
+        assert relative_error(forces, without_flag) < 1e-5
+        assert relative_error(forces, exact) < 1e-4  # float32 round-off
+    assert relative_error(results(tf32, atoms)["forces"], exact) > 1e-4
+
+
+def test_tf32_forces_stay_within_a_percent_of_float64(float64, tf32):
+    for name, structure in SIZES.items():
+        atoms = structure()
+        forces, exact = results(tf32, atoms)["forces"], results(float64, atoms)["forces"]
+        assert relative_error(forces, exact) < 1e-2, name
+    assert tf32.compile_stats["recompiles"] == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -90,3 +92,58 @@ def test_cuda_graphs_follow_a_composition_change(calculators):
     alloy.numbers[::3] = 79
     for structure in (atoms, alloy, atoms):
         assert_close(results(graphs, structure), results(eager, structure))
+
+
+def force_error(forces, reference) -> float:
+    """max |F - F_ref| / max |F_ref|."""
+    return float(np.abs(forces - reference).max() / np.abs(reference).max())
+
+
+@pytest.fixture
+def global_tf32():
+    """torch's global switch to TF32, as a user's script may set it."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+@pytest.fixture(scope="module")
+def float64(uma_checkpoints):
+    return BucketedCalculator(
+        uma_checkpoints["main"].path, task_name="omat", device="cuda", dtype="float64",
+        compile_mode="eager",
+    )
+
+
+@pytest.fixture(scope="module")
+def tf32(uma_checkpoints):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*TF32")
+        return BucketedCalculator(
+            uma_checkpoints["main"].path, task_name="omat", device="cuda", precision="tf32"
+        )
+
+
+def test_float32_stays_ieee_with_torch_global_tf32_on(calculators, float64, tf32, global_tf32):
+    """Under the global flag, float32 equals the flag-off result (up to the order of
+    atomic additions), within float32 round-off of float64, which TF32 in the network alone
+    would exceed."""
+    graphs, eager = calculators
+    atoms = copper((3, 3, 3), 11)  # a new shape: its CUDA graph is recorded now
+    exact = results(float64, atoms)[1]
+    with_flag = [results(calc, atoms)[1] for calc in (graphs, eager)]
+    assert torch.backends.cuda.matmul.allow_tf32  # the user's setting survives
+    torch.backends.cuda.matmul.allow_tf32 = False
+    without_flag = results(eager, atoms)[1]
+    for forces in with_flag:
+        assert force_error(forces, without_flag) < 1e-5
+        assert force_error(forces, exact) < 1e-4  # float32 round-off
+    assert force_error(results(tf32, atoms)[1], exact) > 1e-4
+
+
+def test_tf32_forces_stay_within_a_percent_of_float64(float64, tf32):
+    for seed, repeats in enumerate([(2, 2, 2), (3, 3, 3), (3, 2, 2)]):
+        atoms = copper(repeats, seed)
+        forces, exact = results(tf32, atoms)[1], results(float64, atoms)[1]
+        assert force_error(forces, exact) < 1e-2, repeats
+    assert tf32.compile_stats["recompiles"] == 0

@@ -1,0 +1,148 @@
+"""Precision of matrix products: IEEE float32 everywhere, or TF32 in the network only.
+
+torch's global flags (``torch.backends.cuda.matmul.allow_tf32``,
+``torch.set_float32_matmul_precision``) switch *every* float32 matrix product to TF32,
+including the geometric ones (cell shifts, Wigner rotations, strain), whose 10-bit
+mantissa then spoils forces: UMA's forces came out wrong by up to a quarter of the
+largest force. So a calculator call runs under :func:`matmul_precision`:
+
+- ``"float32"``: IEEE float32 in every product, whatever the global flags say;
+- ``"tf32"``: IEEE float32 too, except in the products of the network's own layers
+  (linear maps, attention, built with :class:`Linear`, :func:`linear` and
+  :func:`matmul`), which run on TF32 tensor cores on CUDA, forward and backward.
+
+The choice is read when a model's function is traced, and baked into the graph as the
+custom operator ``fastcalc::tf32_matmul``, which CUDA graphs record like any other.
+TF32 exists only on CUDA: elsewhere ``"tf32"`` computes what ``"float32"`` does.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["PRECISIONS", "Linear", "check_precision", "linear", "matmul", "matmul_precision"]
+
+#: ``precision`` values of fastcalc's calculators.
+PRECISIONS = ("float32", "tf32")
+
+_NETWORK_TF32 = contextvars.ContextVar("fastcalc_network_tf32", default=False)
+_warned = False
+
+
+def check_precision(precision: str, dtype: torch.dtype) -> str:
+    """``precision`` checked against :data:`PRECISIONS` and ``dtype``; ``"tf32"`` warns
+    once per process that it is reduced precision."""
+    global _warned
+    if precision not in PRECISIONS:
+        choices = ", ".join(map(repr, PRECISIONS))
+        raise ValueError(f"precision must be one of {choices}; got {precision!r}")
+    if precision == "tf32" and dtype != torch.float32:
+        raise ValueError(f"precision='tf32' applies to dtype float32, not {dtype}")
+    if precision == "tf32" and not _warned:
+        warnings.warn(
+            "precision='tf32': the network's matrix products run in TF32 (10-bit mantissa) "
+            "on CUDA; expect force errors near 1e-2 of the largest force",
+            UserWarning,
+            stacklevel=3,
+        )
+        _warned = True
+    return precision
+
+
+def _fp32_flags() -> tuple[str | None, str, str]:
+    """torch's float32 matmul settings: the legacy one (None when it cannot be read,
+    after a mix of the legacy and the new API) and the new API's CUDA and oneDNN ones."""
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        legacy = None
+    backends = torch.backends
+    return legacy, backends.cuda.matmul.fp32_precision, backends.mkldnn.matmul.fp32_precision
+
+
+def _set_fp32_flags(flags: tuple[str | None, str, str]) -> None:
+    legacy, cuda, mkldnn = flags
+    if legacy is not None:
+        torch.set_float32_matmul_precision(legacy)
+    torch.backends.cuda.matmul.fp32_precision = cuda
+    torch.backends.mkldnn.matmul.fp32_precision = mkldnn
+
+
+@contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """Within: every float32 matrix product in IEEE float32, except, for ``"tf32"``, those
+    of the network's layers; torch's global settings are restored on exit."""
+    saved = _fp32_flags()
+    torch.set_float32_matmul_precision("highest")  # sets the legacy and new API alike
+    token = _NETWORK_TF32.set(precision == "tf32")
+    try:
+        yield
+    finally:
+        _NETWORK_TF32.reset(token)
+        _set_fp32_flags(saved)
+
+
+@torch.library.custom_op("fastcalc::tf32_matmul", mutates_args=())
+def _tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` on TF32 tensor cores (same leading dimensions, no broadcasting)."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        return torch.matmul(a, b)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@_tf32_matmul.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((*a.shape[:-1], b.shape[-1]))
+
+
+def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: object) -> None:
+    a, b = inputs
+    ctx.save_for_backward(a if b.requires_grad else None, b if a.requires_grad else None)
+
+
+def _backward(
+    ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    a, b = ctx.saved_tensors
+    grad_a = _tf32_matmul(grad, b.mT) if ctx.needs_input_grad[0] else None
+    grad_b = _tf32_matmul(a.mT, grad) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b
+
+
+_tf32_matmul.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _network_tf32(x: torch.Tensor) -> bool:
+    return _NETWORK_TF32.get() and x.is_cuda and x.dtype == torch.float32
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for a network layer: TF32 under ``matmul_precision("tf32")`` on CUDA;
+    ``a`` and ``b`` have the same leading (batch) dimensions."""
+    return _tf32_matmul(a, b) if _network_tf32(a) else torch.matmul(a, b)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for a network layer: TF32 under ``matmul_precision("tf32")`` on CUDA."""
+    if not _network_tf32(x):
+        return F.linear(x, weight, bias)
+    out = _tf32_matmul(x.reshape(-1, x.shape[-1]), weight.t()).view(*x.shape[:-1], -1)
+    return out if bias is None else out + bias
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` of a network layer (see :func:`linear`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` times the weight, plus the bias."""
+        return linear(x, self.weight, self.bias)

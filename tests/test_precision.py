@@ -1,0 +1,89 @@
+"""``precision``: IEEE float32 whatever torch's global flags say, or TF32 in the network's
+matrix products only (CUDA; see tests/uma/test_uma_cuda.py and tests/pet/test_pet_cuda.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+
+import fastcalc.precision as precision
+from fastcalc import CompiledPETCalculator
+from fastcalc.precision import check_precision, matmul_precision
+
+
+def test_unknown_precision_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="'float32', 'tf32'; got 'bf16'"):
+        check_precision("bf16", torch.float32)
+
+
+def test_tf32_needs_float32():
+    with pytest.raises(ValueError, match="dtype float32"):
+        check_precision("tf32", torch.float64)
+
+
+def test_tf32_warns_once_that_it_is_reduced_precision(monkeypatch):
+    monkeypatch.setattr(precision, "_warned", False)
+    with pytest.warns(UserWarning, match="TF32"):
+        check_precision("tf32", torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_precision("tf32", torch.float32)
+
+
+@pytest.fixture
+def restore_flags():
+    saved = precision._fp32_flags()
+    yield
+    precision._set_fp32_flags(saved)
+
+
+@pytest.mark.usefixtures("restore_flags")
+def test_calls_run_in_ieee_float32_and_leave_the_users_legacy_flag_alone():
+    torch.set_float32_matmul_precision("high")  # what enables TF32 for a whole script
+    with matmul_precision("float32"):
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert torch.get_float32_matmul_precision() == "high"
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+@pytest.mark.usefixtures("restore_flags")
+def test_calls_leave_the_users_new_api_flag_alone():
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    with matmul_precision("tf32"):
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+def test_the_tf32_product_has_the_derivatives_of_a_matrix_product():
+    """Checked in float64 on the CPU (where the flags do not apply) against finite
+    differences, first and second order, plain and batched."""
+    generator = torch.Generator().manual_seed(0)
+    for a_shape, b_shape in [((5, 4), (4, 3)), ((2, 3, 5, 4), (2, 3, 4, 2))]:
+        a = torch.randn(a_shape, dtype=torch.float64, generator=generator, requires_grad=True)
+        b = torch.randn(b_shape, dtype=torch.float64, generator=generator, requires_grad=True)
+        torch.testing.assert_close(precision._tf32_matmul(a, b), a @ b)
+        assert torch.autograd.gradcheck(precision._tf32_matmul, (a, b))
+        assert torch.autograd.gradgradcheck(precision._tf32_matmul, (a, b))
+
+
+@pytest.mark.usefixtures("restore_flags")
+def test_on_the_cpu_float32_ignores_the_global_flags_and_tf32_changes_nothing(monkeypatch):
+    atoms = bulk("Cu", cubic=True).repeat(2)
+    atoms.rattle(0.05, seed=1)
+
+    def forces(**options) -> np.ndarray:
+        copy = atoms.copy()
+        copy.calc = CompiledPETCalculator("pet-demo-cu", device="cpu", **options)
+        return copy.get_forces()
+
+    exact = forces()
+    torch.set_float32_matmul_precision("medium")  # oneDNN may then use bfloat16
+    np.testing.assert_array_equal(forces(), exact)
+    monkeypatch.setattr(precision, "_warned", False)
+    with pytest.warns(UserWarning, match="TF32"):
+        np.testing.assert_array_equal(forces(precision="tf32"), exact)
