@@ -1,5 +1,10 @@
 """The ``fastcalc`` command line: ``fastcalc md`` runs molecular dynamics with a model,
-``fastcalc bench`` times fastcalc against the upstream calculators."""
+``fastcalc bench`` times fastcalc against the upstream calculators.
+
+A mistake in what the user asked for (a missing file, a misspelt model, an element the
+model lacks, an impossible run) is one line on stderr and exit status 2; ``--debug``
+shows its traceback instead. Any other exception is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,47 +12,127 @@ import argparse
 import datetime
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
+from typing import NoReturn
 
 import torch
+from ase import Atoms
 from ase.io import read
+from ase.io.formats import UnknownFileTypeError
 
+from . import __version__
 from .bench.suite import MODELS, run_benchmark, run_stream
 from .bench.timing import COPPER_REPEATS
-from .md import ENSEMBLES, default_structure, run_md
-from .models import DEMO_MODELS, load_calculator
+from .calculator import InvalidAtomsError
+from .md import (
+    ENSEMBLES,
+    NPT_PRESSURE_GPA,
+    TRAJECTORY_FORMATS,
+    MDSetupError,
+    check_run,
+    default_structure,
+    run_md,
+)
+from .models import DEMO_MODELS, load_calculator, resolve_model_path
+from .registry import TaskNotSupportedError, UnknownModelError
+from .uma import NotUMACheckpointError, UnknownTaskError
 
-__all__ = ["WORKLOADS", "default_out", "main"]
+__all__ = ["USER_ERRORS", "WORKLOADS", "UsageError", "default_out", "main"]
 
 #: What ``fastcalc bench`` times.
 WORKLOADS = ("sizes", "stream")
 
 
+class UsageError(Exception):
+    """A mistake in how the command was called that the command itself found."""
+
+
+#: Exceptions that mean the user asked for something impossible, not that fastcalc has a
+#: bug: ``main`` reports them in one line with exit status 2.
+USER_ERRORS: tuple[type[Exception], ...] = (
+    UsageError,
+    InvalidAtomsError,
+    MDSetupError,
+    NotUMACheckpointError,
+    TaskNotSupportedError,
+    UnknownModelError,
+    UnknownTaskError,
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (argparse's print the usage too)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Report ``message`` in one line, pointing at ``--help``, and exit with status 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults in ``--help``, except unset ones (``None``) and flags' ``False``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    """The installed distribution's version, or the package's own when it is not installed."""
+    try:
+        return metadata.version("fastcalc")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastcalc", description=__doc__)
+    parser = _Parser(
+        prog="fastcalc", formatter_class=_HelpFormatter,
+        description="fastcalc md runs molecular dynamics with a model; fastcalc bench times "
+                    "fastcalc against the upstream calculators. A user's mistake is one line "
+                    "and exit status 2 (--debug shows its traceback).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    common = _Parser(add_help=False)
+    common.add_argument("--device", choices=("cpu", "cuda"),
+                        help="where the model runs (default: cuda when available)")
+    common.add_argument("--threads", type=_at_least(1), metavar="N",
+                        help="CPU threads for torch (default: torch's choice)")
+    common.add_argument("--debug", action="store_true",
+                        help="show the traceback of a user error instead of one line")
     commands = parser.add_subparsers(dest="command", required=True)
-    md = commands.add_parser("md", help="run molecular dynamics with ASE's integrators")
-    md.add_argument("structure", nargs="?", help="any file ASE reads (default: 108-atom fcc Cu)")
+    md = commands.add_parser("md", help="run molecular dynamics with ASE's integrators",
+                             parents=[common], formatter_class=_HelpFormatter)
+    md.add_argument("structure", nargs="?",
+                    help="any file ASE reads (default: 108-atom fcc Cu, 32 with --small)")
     md.add_argument("--model", default="pet-demo-cu",
                     help=f"bundled model ({', '.join(DEMO_MODELS)}) or a model file")
     md.add_argument("--task", help="UMA task (dataset head), e.g. omat or omol")
-    md.add_argument("--steps", type=int, default=100)
-    md.add_argument("--timestep", type=float, default=2.0, help="fs")
-    md.add_argument("--temperature", type=float, default=300.0, help="K")
-    md.add_argument("--ensemble", choices=ENSEMBLES, default="nve")
-    md.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
-    md.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    md.add_argument("--output", help="ASE trajectory file (.traj) with energies and forces")
-    md.add_argument("--log", help="ASE MD log file")
+    md.add_argument("--steps", type=int, help="MD steps (default: 100, or 20 with --small)")
+    md.add_argument("--timestep", type=float, default=2.0, help="MD timestep in fs")
+    md.add_argument("--temperature", type=float, default=300.0,
+                    help="temperature in K of the starting velocities and of the thermostat")
+    md.add_argument("--ensemble", choices=ENSEMBLES, default="nve",
+                    help="nve: velocity Verlet; langevin; nvt: Nose-Hoover chain; "
+                         f"npt: isotropic MTK at {NPT_PRESSURE_GPA:g} GPa")
+    md.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                    help="the model's floating-point precision")
+    md.add_argument("--output", metavar="FILE",
+                    help="trajectory with energies and forces, every 10th step: "
+                         f"{', '.join(TRAJECTORY_FORMATS)} (.xyz is extended XYZ)")
+    md.add_argument("--log", metavar="FILE", help="ASE MD log file")
+    md.add_argument("--small", action="store_true",
+                    help="32 atoms of fcc Cu and 20 steps unless given: a quick smoke test")
     bench = commands.add_parser(
-        "bench", help="time fastcalc against the upstream calculators on random models"
+        "bench", help="time fastcalc against the upstream calculators on random models",
+        parents=[common], formatter_class=_HelpFormatter,
     )
     bench.add_argument("model", nargs="?", choices=(*MODELS, "all"), default="all",
-                       help="PET-S- or UMA-S-shaped random model, or both (default)")
+                       help="PET-S- or UMA-S-shaped random model, or both")
     bench.add_argument("--workload", choices=WORKLOADS, default="sizes",
-                       help="sizes: fcc copper at each size (default); stream: one calculator "
+                       help="sizes: fcc copper at each size; stream: one calculator "
                             "over a list of different structures")
-    bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     bench.add_argument("--sizes", type=int, nargs="+", choices=sorted(COPPER_REPEATS),
                        metavar="N", help="atom counts of fcc copper (default: 64 108 1008)")
     bench.add_argument("--calls", type=_at_least(1), metavar="N",
@@ -76,13 +161,51 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return count
 
 
+def _device(requested: str | None) -> str:
+    """The device to run on: ``requested``, or CUDA when available; CUDA must be there."""
+    if requested is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        why = "torch was built without CUDA" if torch.version.cuda is None else "no GPU found"
+        raise UsageError(f"--device cuda: CUDA is not available here ({why}); use --device cpu")
+    return requested
+
+
+def _structure(path: str | None, small: bool) -> Atoms:
+    """The atoms in the file at ``path`` (its first frame), or the default fcc copper."""
+    if path is None:
+        return default_structure(2 if small else 3)
+    if not Path(path).is_file():
+        raise UsageError(f"no structure file {path!r}")
+    try:
+        atoms = read(path)
+    except (OSError, UnknownFileTypeError, ValueError) as error:
+        raise UsageError(f"cannot read a structure from {path!r}: {error}") from error
+    if len(atoms) == 0:
+        raise UsageError(f"the structure in {path!r} has no atoms")
+    return atoms
+
+
+def _model_path(model: str) -> Path:
+    """The file of a bundled model name or a model path, which must exist."""
+    try:
+        return resolve_model_path(model)
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from error
+
+
 def _md(args: argparse.Namespace) -> None:
-    atoms = read(args.structure) if args.structure else default_structure()
-    calculator = load_calculator(args.model, task=args.task, device=args.device, dtype=args.dtype)
+    atoms = _structure(args.structure, args.small)
+    steps = args.steps if args.steps is not None else (20 if args.small else 100)
+    check_run(atoms, steps=steps, timestep_fs=args.timestep, temperature_K=args.temperature,
+              ensemble=args.ensemble, trajectory=args.output)  # before the model loads
+    device = _device(args.device)
+    path = _model_path(args.model)
+    calculator = load_calculator(path, task=args.task, device=device, dtype=args.dtype)
     print(f"{len(atoms)} atoms, model {args.model} on {calculator.device} ({args.dtype}), "
           f"{args.ensemble} at {args.temperature:g} K, {args.timestep:g} fs steps")
     summary = run_md(
-        atoms, calculator, steps=args.steps, timestep_fs=args.timestep,
+        atoms, calculator, steps=steps, timestep_fs=args.timestep,
         temperature_K=args.temperature, ensemble=args.ensemble, trajectory=args.output,
         log=args.log,
     )
@@ -95,7 +218,7 @@ def default_out(now: datetime.datetime) -> Path:
 
 
 def _bench(args: argparse.Namespace) -> None:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(args.device)
     out = args.out or default_out(datetime.datetime.now())
     print(f"fastcalc bench: writing into {out}", flush=True)
     names = list(MODELS) if args.model == "all" else [args.model]
@@ -112,13 +235,26 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run ``fastcalc md`` or ``fastcalc bench`` with ``argv`` (default: the command line)."""
+    """Run ``fastcalc md`` or ``fastcalc bench`` with ``argv`` (default: the command line).
+
+    A user error (:data:`USER_ERRORS`) ends in one line on stderr and ``SystemExit(2)``,
+    or in its traceback with ``--debug``.
+    """
     args = _parser().parse_args(argv)
-    if args.command == "md":
-        _md(args)
-    elif args.command == "bench":
-        _bench(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        if args.command == "md":
+            _md(args)
+        elif args.command == "bench":
+            _bench(args)
+    except USER_ERRORS as error:
+        if args.debug:
+            raise
+        message = " ".join(str(error).split())  # one line, whatever the message holds
+        print(f"fastcalc {args.command}: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

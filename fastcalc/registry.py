@@ -11,6 +11,7 @@ family is a subpackage with a ``family`` module plus its line in ``BUILTIN_FAMIL
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ __all__ = [
     "BUILTIN_FAMILIES",
     "Builder",
     "ModelFamily",
+    "TaskNotSupportedError",
     "UnknownModelError",
     "demo_models",
     "families",
@@ -41,7 +43,8 @@ class Builder(Protocol):
     def __call__(
         self, path: Path, *, task: str | None, device: str | None, dtype: str, compile_mode: str
     ) -> Calculator:
-        """The calculator for the model at ``path`` (``task`` only where the family has tasks)."""
+        """The calculator for the model at ``path``; a family without tasks raises
+        :class:`TaskNotSupportedError` for a ``task`` other than ``None``."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class ModelFamily:
 
 class UnknownModelError(ValueError):
     """A model file that no registered family recognises."""
+
+
+class TaskNotSupportedError(ValueError):
+    """A task was asked of a model whose family has none (PET): refused rather than ignored."""
 
 
 _registered: dict[str, ModelFamily] = {}
@@ -87,13 +94,18 @@ def demo_models() -> dict[str, Path]:
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    """The file of a bundled model name, or ``model`` itself as a path that must exist."""
+    """The file of a bundled model name, or ``model`` itself as a path that must exist;
+    the error for a misspelt bundled name suggests the closest one."""
     bundled = demo_models()
     if str(model) in bundled:
         return bundled[str(model)]
     path = Path(model).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"no model file {str(model)!r}; bundled models: {', '.join(bundled)}")
+        close = difflib.get_close_matches(str(model), bundled, n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        raise FileNotFoundError(
+            f"no model file {str(model)!r}{guess}; bundled models: {', '.join(bundled)}"
+        )
     return path
 
 

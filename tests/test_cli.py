@@ -1,11 +1,112 @@
-"""`fastcalc md` runs the bundled demo models out of the box."""
+"""`fastcalc md` runs the bundled demo models out of the box. A user's mistake is one line
+on stderr and exit status 2 (with `--debug`, its traceback); a bug keeps its traceback."""
+
+import subprocess
+import sys
+from importlib import metadata
 
 import pytest
+import torch
+from ase.build import bulk
 from ase.io import read
 
+from fastcalc import InvalidAtomsError, cli
 from fastcalc.cli import main
 from fastcalc.md import default_structure, run_md
 from fastcalc.models import load_calculator
+
+
+def refused(capsys, argv) -> str:
+    """Run ``fastcalc ARGV``; check that it exits with status 2 and one line on stderr,
+    without a traceback, and return that line."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return err.strip()
+
+
+def structure_file(folder, atoms=None, name="start.xyz") -> str:
+    """``atoms`` (default: 32 atoms of fcc copper) written to ``folder / name``."""
+    path = folder / name
+    (default_structure(2) if atoms is None else atoms).write(path)
+    return str(path)
+
+
+def gold(folder) -> str:
+    return structure_file(folder, bulk("Au", cubic=True))
+
+
+def empty_file(folder) -> str:
+    (folder / "empty.xyz").write_text("")
+    return str(folder / "empty.xyz")
+
+
+def no_atoms(folder) -> str:
+    (folder / "none.xyz").write_text("0\n\n")
+    return str(folder / "none.xyz")
+
+
+def cluster(folder) -> str:
+    atoms = default_structure(2)
+    atoms.pbc = False
+    return structure_file(folder, atoms)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (lambda d: [str(d / "nowhere.xyz")], "fastcalc md: error: no structure file '"),
+        (lambda d: [empty_file(d)], "cannot read a structure from '"),
+        (lambda d: [no_atoms(d)], "has no atoms"),
+        (lambda d: ["--model", str(d / "missing.pt")], "no model file '"),
+        (lambda d: ["--model", "pet-demo-c"], "no model file 'pet-demo-c' (did you mean "
+                                              "'pet-demo-cu'?); bundled models: pet-demo-cu"),
+        (lambda d: [gold(d), "--steps", "1"], "the model does not support Au; it supports Cu"),
+        (lambda d: [cluster(d), "--ensemble", "npt"], "npt needs a system periodic"),
+        (lambda d: ["--model", "uma-demo-cu", "--task", "omcat"], "unknown task 'omcat'"),
+        (lambda d: ["--task", "omat"], "PET models have no tasks, got task 'omat'"),
+        (lambda d: ["--steps", "0"], "steps must be at least 1, got 0"),
+        (lambda d: ["--steps", "-3"], "steps must be at least 1, got -3"),
+        (lambda d: ["--timestep", "0"], "the timestep must be positive, got 0 fs"),
+        (lambda d: ["--timestep", "-1"], "the timestep must be positive, got -1 fs"),
+        (lambda d: ["--temperature", "-1"], "the temperature must not be negative, got -1 K"),
+        (lambda d: ["--output", str(d / "md.pdb")], "use .traj, .xyz, .extxyz"),
+        (lambda d: ["--output", str(d / "md.foo")], "use .traj, .xyz, .extxyz"),
+        (lambda d: ["--steps", "many"], "argument --steps: invalid int value: 'many'"),
+    ],
+    ids=["missing structure", "empty structure file", "structure without atoms",
+         "missing model file", "misspelt model", "element the model lacks",
+         "npt without periodicity", "unknown uma task", "task for pet", "zero steps",
+         "negative steps", "zero timestep", "negative timestep", "negative temperature",
+         "pdb output", "unknown output suffix", "steps not a number"],
+)
+def test_a_mistake_is_one_line_and_exit_status_2(argv, message, tmp_path, capsys):
+    line = refused(capsys, ["md", *argv(tmp_path), "--small", "--device", "cpu"])
+    assert message in line
+
+
+@pytest.mark.parametrize("command", ["md", "bench"])
+def test_cuda_asked_for_where_there_is_none_is_a_mistake(command, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = refused(capsys, [command, "--device", "cuda"])
+    assert f"fastcalc {command}: error: --device cuda: CUDA is not available here" in line
+
+
+def test_debug_shows_the_traceback_of_a_mistake(tmp_path):
+    with pytest.raises(InvalidAtomsError, match="does not support Au"):
+        main(["md", gold(tmp_path), "--device", "cpu", "--debug"])
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "load_calculator", broken)
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        main(["md", "--device", "cpu"])
 
 
 def test_md_command_writes_a_trajectory_with_energies_and_forces(tmp_path, capsys):
@@ -18,17 +119,61 @@ def test_md_command_writes_a_trajectory_with_energies_and_forces(tmp_path, capsy
     assert frames[0].get_forces().shape == (108, 3)
 
 
+def test_an_xyz_output_is_extended_xyz_with_energies_and_forces(tmp_path):
+    main(["md", "--small", "--steps", "10", "--device", "cpu",
+          "--output", str(tmp_path / "md.xyz")])
+    frames = read(tmp_path / "md.xyz", ":", format="extxyz")
+    assert len(frames) == 2  # steps 0 and 10
+    last = frames[-1]
+    again = last.copy()
+    again.calc = load_calculator("pet-demo-cu", device="cpu")
+    assert last.get_potential_energy() == pytest.approx(again.get_potential_energy(), abs=1e-4)
+    assert last.get_forces() == pytest.approx(again.get_forces(), abs=1e-4)
+
+
+def test_small_runs_20_nve_steps_of_32_atoms_and_explains_the_temperature(capsys):
+    main(["md", "--small", "--device", "cpu"])
+    printed = capsys.readouterr().out
+    assert "20 steps of 32 atoms (nve)" in printed
+    assert "total-energy drift" in printed and "settles near T/2 = 150 K" in printed
+
+
+def test_threads_sets_torchs_cpu_threads(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    main(["md", "--small", "--steps", "1", "--device", "cpu", "--threads", "1"])
+    assert asked == [1]
+
+
 def test_md_command_reads_a_structure_and_runs_the_uma_demo(tmp_path, capsys):
-    atoms = default_structure()[:32]
-    atoms.write(tmp_path / "start.xyz")
-    main(["md", str(tmp_path / "start.xyz"), "--model", "uma-demo-cu", "--steps", "2",
+    main(["md", structure_file(tmp_path), "--model", "uma-demo-cu", "--steps", "2",
           "--device", "cpu", "--ensemble", "langevin"])
     assert "2 steps of 32 atoms" in capsys.readouterr().out
 
 
-def test_an_unknown_model_is_a_clear_error():
-    with pytest.raises(FileNotFoundError, match="bundled models: pet-demo-cu, uma-demo-cu"):
-        main(["md", "--model", "missing.pt", "--steps", "1", "--device", "cpu"])
+def test_version_prints_the_installed_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"fastcalc {metadata.version('fastcalc')}\n"
+
+
+@pytest.mark.parametrize(
+    "command, default",
+    [("md", "MD timestep in fs (default: 2.0)"), ("md", "(default: pet-demo-cu)"),
+     ("bench", "(default: sizes)")],
+)
+def test_help_shows_the_defaults(command, default, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert default in " ".join(capsys.readouterr().out.split())
+
+
+def test_help_prints_no_warp_cuda_warning():
+    done = subprocess.run([sys.executable, "-m", "fastcalc", "--help"], capture_output=True,
+                          text=True, check=True)
+    assert "usage: fastcalc" in done.stdout
+    assert "Warp" not in done.stderr
 
 
 def test_pet_demo_conserves_energy_over_200_nve_steps():

@@ -5,7 +5,7 @@ from ase.io import read
 from pair_potential import CUTOFF, ase_morse, morse_energy
 
 from fastcalc import PotentialCalculator
-from fastcalc.md import ENSEMBLES, default_structure, run_md
+from fastcalc.md import ENSEMBLES, MDSetupError, default_structure, run_md
 
 
 def morse():
@@ -38,3 +38,62 @@ def test_thermostatted_ensembles_run(ensemble):
 def test_unknown_ensemble_is_refused():
     with pytest.raises(ValueError, match="unknown ensemble 'nph'"):
         run_md(default_structure(), morse(), steps=1, ensemble="nph", progress=False)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(steps=0), "steps must be at least 1, got 0"),
+        (dict(timestep_fs=0.0), "the timestep must be positive, got 0 fs"),
+        (dict(timestep_fs=-1.0), "the timestep must be positive, got -1 fs"),
+        (dict(temperature_K=-5.0), "the temperature must not be negative, got -5 K"),
+        (dict(trajectory="md.pdb"), r"cannot write an MD trajectory .* to 'md.pdb': use .traj"),
+    ],
+)
+def test_a_run_that_cannot_mean_anything_is_refused_before_it_starts(options, message):
+    with pytest.raises(MDSetupError, match=message):
+        run_md(default_structure(2), morse(), **{"steps": 1, **options}, progress=False)
+
+
+def test_npt_is_refused_for_a_system_that_is_not_periodic():
+    cluster = default_structure(2)
+    cluster.pbc = False
+    with pytest.raises(MDSetupError, match="npt needs a system periodic along all three axes"):
+        run_md(cluster, morse(), steps=1, ensemble="npt", progress=False)
+
+
+def test_xyz_trajectories_are_extended_xyz_with_energies_and_forces(tmp_path):
+    run_md(default_structure(2), morse(), steps=4, trajectory=tmp_path / "md.xyz", interval=2,
+           progress=False)
+    frames = read(tmp_path / "md.xyz", ":", format="extxyz")
+    assert len(frames) == 3  # steps 0, 2, 4
+    expected = frames[-1].copy()
+    expected.calc = ase_morse()
+    assert frames[-1].get_potential_energy() == pytest.approx(expected.get_potential_energy(),
+                                                              rel=1e-10)
+    assert frames[-1].get_forces() == pytest.approx(expected.get_forces(), abs=1e-6)  # 8 decimals
+
+
+def test_the_nve_summary_reports_drift_and_that_the_temperature_settles_near_half():
+    summary = run_md(default_structure(2), morse(), steps=2, temperature_K=300, progress=False)
+    assert summary.energy_drift_mev_per_atom is not None
+    assert "total-energy drift" in str(summary)
+    assert "settles near T/2 = 150 K (equipartition" in str(summary)
+
+
+@pytest.mark.parametrize("ensemble", ["langevin", "nvt"])
+def test_thermostatted_summaries_report_no_drift_and_name_the_thermostat(ensemble):
+    summary = run_md(default_structure(2), morse(), steps=2, ensemble=ensemble, progress=False)
+    assert summary.energy_drift_mev_per_atom is None
+    assert "drift" not in str(summary) and "(thermostat at 300 K)" in str(summary)
+
+
+def test_the_npt_summary_reports_mean_volume_and_pressure():
+    atoms = default_structure(2)
+    summary = run_md(atoms, morse(), steps=2, ensemble="npt", progress=False)
+    assert summary.mean_volume_A3 == pytest.approx(atoms.get_volume(), rel=0.01)
+    assert summary.mean_pressure_GPa is not None
+    printed = str(summary)
+    assert "drift" not in printed
+    assert f"volume {summary.mean_volume_A3:.1f} A^3 mean" in printed
+    assert f"pressure {summary.mean_pressure_GPa:+.2f} GPa mean (barostat at 0 GPa)" in printed

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..archives import archive_members, pickle_strings
 from ..demo_models import PET_DEMO_CU
-from ..registry import ModelFamily, register
+from ..registry import ModelFamily, TaskNotSupportedError, register
 from .calculator import CompiledPETCalculator
 
 if TYPE_CHECKING:
@@ -31,7 +31,11 @@ def is_pet_file(path: Path) -> bool:
 def _build(
     path: Path, *, task: str | None, device: str | None, dtype: str, compile_mode: str
 ) -> CompiledPETCalculator:
-    """PET has no tasks: ``task`` is not used."""
+    """PET has no tasks: a ``task`` is refused, so that it is not silently ignored."""
+    if task is not None:
+        raise TaskNotSupportedError(
+            f"PET models have no tasks, got task {task!r} (tasks are UMA's dataset heads)"
+        )
     return CompiledPETCalculator(path, device=device, dtype=dtype, compile_mode=compile_mode)
 
 
