@@ -89,7 +89,10 @@ class Topology(NamedTuple):
 
 
 class CompiledPETCalculator(TorchCalculator):
-    """Energy, free energy, forces and (3D-periodic systems) stress of a PET model.
+    """Energy, free energy, forces and stress of a PET model.
+
+    Stress is defined for any cell with a volume (see
+    :class:`fastcalc.calculator.TorchCalculator`).
 
     ``model`` is a bundled model name (see :func:`fastcalc.registry.resolve_model_path`),
     a path to a metatomic export (``.pt``) or metatrain checkpoint (``.ckpt``), or a

@@ -78,7 +78,8 @@ class BucketedCalculator(TorchCalculator):
     also replays a CUDA graph recorded per padded shape; ``"eager"`` compiles
     nothing. ``calc.compile_stats`` counts compilations, CUDA graphs and recompiles.
     Other keyword arguments go to :class:`fastcalc.calculator.TorchCalculator`
-    (``skin``, ``max_neighbors``, ...).
+    (``skin``, ``max_neighbors``, ...). Stress is defined for any cell with a volume,
+    slabs included, as fairchem's.
 
     Example::
 

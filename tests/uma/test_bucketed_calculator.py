@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ase.build import bulk
+from ase.calculators.fd import calculate_numerical_stress
 from test_against_fairchem import RTOL
 from uma_reference import structures
 
@@ -18,13 +19,20 @@ SMALL = dict(num_layers=1, sphere_channels=8, hidden_channels=8, edge_channels=8
              num_distance_basis=8)
 
 
-def test_passes_check_calculator_against_fairchem(tmp_path):
-    """Eager float64 on a small checkpoint whose stress is the strain derivative of its
-    energy (the shared fixtures' stress normaliser differs on purpose)."""
-    path = tmp_path / "consistent.pt"
+@pytest.fixture(scope="module")
+def consistent(tmp_path_factory):
+    """A small checkpoint whose stress is the strain derivative of its energy (the shared
+    fixtures' stress normaliser differs on purpose)."""
+    path = tmp_path_factory.mktemp("consistent") / "consistent.pt"
     build_checkpoint(path, default_backbone(**SMALL), "UMA-S-1.2", seed=3, consistent_stress=True)
-    calc = BucketedCalculator(path, task_name="omat", dtype="float64", device="cpu")
-    report = check_calculator(calc, fairchem_calculator(path, "omat"), numbers=[29, 79])
+    return path
+
+
+def test_passes_check_calculator_against_fairchem(consistent):
+    """Eager float64 on a small checkpoint whose stress is the strain derivative of its
+    energy."""
+    calc = BucketedCalculator(consistent, task_name="omat", dtype="float64", device="cpu")
+    report = check_calculator(calc, fairchem_calculator(consistent, "omat"), numbers=[29, 79])
     skipped = report.with_status("skipped")
     assert [check.name for check in skipped] == ["reference: agrees [lone atom]"]
     assert "no atom_refs" in skipped[0].detail  # fairchem needs element references for it
@@ -120,3 +128,14 @@ def test_the_bundled_demo_model_refuses_elements_it_was_not_fitted_on():
     gold.calc = BucketedCalculator("uma-demo-cu", device="cpu")
     with pytest.raises(InvalidAtomsError, match="does not support Au; it supports Cu"):
         gold.get_potential_energy()
+
+
+@pytest.mark.parametrize("pbc", [(True, True, False), (True, False, False)], ids=["slab", "wire"])
+def test_slab_or_wire_stress_matches_finite_differences(pbc, consistent):
+    """ASE's central differences under strain, the non-periodic axis's vector included."""
+    atoms = structures()["slab"][1]
+    atoms.pbc = pbc
+    atoms.calc = BucketedCalculator(consistent, task_name="omat", dtype="float64", device="cpu",
+                                    compile_mode="eager", bucket_size=64)
+    numerical = calculate_numerical_stress(atoms, 1e-5)
+    assert deviation(atoms.get_stress(), numerical) < 1e-7
