@@ -91,12 +91,14 @@ class System:
 @dataclass(frozen=True)
 class Result:
     """A model's answer for one :class:`System`, on the host in float64: ``energy`` (eV),
-    ``forces`` (N, 3) eV/Å, and ``stress`` (3, 3) eV/Å³ in ASE's sign convention (positive
-    under tension), None unless asked for."""
+    ``forces`` (N, 3) eV/Å, ``stress`` (3, 3) eV/Å³ in ASE's sign convention (positive
+    under tension), None unless asked for, and ``energies`` (N,) eV, per-atom energies
+    summing to ``energy``, None for models that do not provide them."""
 
     energy: float
     forces: np.ndarray
     stress: np.ndarray | None = None
+    energies: np.ndarray | None = None
 
     @classmethod
     def from_tensors(
@@ -342,6 +344,8 @@ class TorchCalculator(Calculator):
         }
         if result.stress is not None:
             self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
+        if result.energies is not None:
+            self.results["energies"] = result.energies
 
 
 def to_host(*tensors: torch.Tensor | None) -> list[np.ndarray | None]:

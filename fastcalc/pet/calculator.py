@@ -89,9 +89,11 @@ class Topology(NamedTuple):
 
 
 class CompiledPETCalculator(TorchCalculator):
-    """Energy, free energy, forces and stress of a PET model.
+    """Energy, free energy, per-atom energies, forces and stress of a PET model.
 
-    Stress is defined for any cell with a volume (see
+    Per-atom energies (``atoms.get_potential_energies()``) are the network's, scaled,
+    plus each atom's composition energy, as metatomic's; they come from the same call as
+    the energy, which is their sum. Stress is defined for any cell with a volume (see
     :class:`fastcalc.calculator.TorchCalculator`).
 
     ``model`` is a bundled model name (see :func:`fastcalc.registry.resolve_model_path`),
@@ -119,6 +121,7 @@ class CompiledPETCalculator(TorchCalculator):
     """
 
     takes_candidates = True
+    implemented_properties = [*TorchCalculator.implemented_properties, "energies"]
     default_parameters = {**TorchCalculator.default_parameters, "compile_mode": "auto"}
 
     def __init__(
@@ -239,4 +242,4 @@ class CompiledPETCalculator(TorchCalculator):
             self.reference, host_species, energies, forces,
             virial if system.compute_stress else None,
         )
-        return Result(result.energy, result.forces, result.stress)
+        return Result(result.energy, result.forces, result.stress, result.energies)

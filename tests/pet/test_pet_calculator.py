@@ -125,6 +125,31 @@ def test_stress_needs_a_cell_with_a_volume(eager):
     assert np.isfinite(atoms.get_forces()).all()
 
 
+@pytest.mark.parametrize("structure", ["bulk", "slab", "molecule"])
+def test_per_atom_energies_match_metatomic(structure, eager, pet_models):
+    """Scaled network energies plus composition energies, padded atoms dropped."""
+    atoms = evaluated(make_structure(structure), eager("adaptive"))
+    energies = atoms.get_potential_energies()
+    expected = upstream_property(upstream_calculator(pet_models["adaptive"]), atoms, "energies")
+    assert energies.shape == (len(atoms),)
+    assert deviation(energies, expected) < RTOL
+    assert energies.sum() == pytest.approx(atoms.get_potential_energy(), rel=1e-14)
+
+
+def test_per_atom_energies_come_with_energy_and_forces(pet_models, monkeypatch):
+    calculator = CompiledPETCalculator(
+        pet_models["fixed"].pt, device="cpu", dtype="float64", compile_mode="eager"
+    )
+    calls = []
+    evaluate = calculator.evaluate
+    monkeypatch.setattr(calculator, "evaluate", lambda system: calls.append(1) or evaluate(system))
+    atoms = evaluated(make_structure("bulk"), calculator)
+    atoms.get_forces()
+    atoms.get_potential_energies()
+    atoms.get_stress()
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize("source", ["ckpt", "loaded pair"])
 def test_checkpoint_or_loaded_model(source, pet_models, loaded, reference):
     model = pet_models["adaptive"].ckpt if source == "ckpt" else loaded("adaptive", ".pt")

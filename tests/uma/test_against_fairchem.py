@@ -7,7 +7,7 @@ import pytest
 from uma_reference import structures
 
 from fastcalc.calculator import spans_volume
-from fastcalc.testing import Results, deviations, evaluate
+from fastcalc.testing import Results, deviation, deviations, evaluate
 
 RTOL = 1e-8
 
@@ -74,3 +74,32 @@ def test_task_switch_matches_fairchem(uma_checkpoints, reference_calculator):
     for task in ("omat", "oc20", "omol", "omat"):
         calc.set_task(task)
         assert_agree(evaluate(calc, atoms), evaluate(reference_calculator("variant", task), atoms))
+
+
+@pytest.mark.parametrize("kind", ["main", "variant"])
+@pytest.mark.parametrize("system", ["slab", "molecule"])
+def test_per_atom_energies_are_fairchems_node_energies(kind, system, reference_calculator,
+                                                       our_calculator):
+    """fairchem's calculator has no per-atom energies; its energy block's output per atom
+    (hooked) through our convention, raw_i * rmsd + mean / N + reference[Z_i], is ours."""
+    task, atoms = structures()[system]
+    calc = our_calculator(kind, task)
+    ours = atoms.copy()
+    ours.calc = calc
+    energies = ours.get_potential_energies()
+    reference = reference_calculator(kind, task)
+    (block,) = [module for name, module in reference.predictor.model.named_modules()
+                if name.endswith("energy_block")]
+    nodes = []
+    hook = block.register_forward_hook(lambda module, inputs, out: nodes.append(out.detach()))
+    reference.reset()  # evaluate again, even if these atoms were its last
+    try:
+        energy = evaluate(reference, atoms).energy
+    finally:
+        hook.remove()
+    spec = calc.core.task
+    expected = (nodes[-1].double().reshape(-1).numpy() * spec.energy.rmsd
+                + spec.energy.mean / len(atoms) + spec.element_references[atoms.numbers].numpy())
+    assert energies.shape == (len(atoms),)
+    assert deviation(energies, expected) < RTOL
+    assert deviation(energies.sum(), energy) < RTOL
