@@ -36,7 +36,7 @@ from .layout import Candidates, sized_candidates
 from .load import PETMetadata, load_pet
 from ..buckets import atom_mask, pad_atoms, padded_size
 from .padding import WIDTH_STEP, PaddedShape, padded_shape
-from .trace import graph_inputs, step_graph
+from .trace import StepGraph, graph_inputs
 
 __all__ = ["CompiledPETCalculator"]
 
@@ -149,7 +149,7 @@ class CompiledPETCalculator(TorchCalculator):
         self.reference = metadata.reference()
         self._host_species = self.core.species_index.cpu().numpy()
         self.compile_mode = resolve_compile_mode(compile_mode, self.device)
-        self._runner = GraphRunner(step_graph(self.core), self.compile_mode)
+        self._runner = GraphRunner(StepGraph(self.core), self.compile_mode)
         name = str(model) if isinstance(model, (str, Path)) else "PETCore"
         self.parameters.update(model=name, compile_mode=compile_mode)
         self._topology: Topology | None = None

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import warnings
 
 import numpy as np
@@ -148,6 +150,22 @@ def test_per_atom_energies_come_with_energy_and_forces(pet_models, monkeypatch):
     atoms.get_potential_energies()
     atoms.get_stress()
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_calculator_gives_identical_results(how, pet_models):
+    """A copy has its own core (NEB images, multiprocessing), and the same results."""
+    calculator = CompiledPETCalculator(
+        pet_models["conditioned"].pt, device="cpu", dtype="float64", compile_mode="eager"
+    )
+    atoms = evaluated(make_structure("bulk"), calculator, **CHARGED_STATE)
+    names = ["energy", "energies", "forces", "stress"]
+    expected = atoms.get_properties(names)
+    other = copy.deepcopy(calculator) if how == "deepcopy" else pickle.loads(pickle.dumps(calculator))
+    assert other.core is not calculator.core and other._runner.fn.core is other.core
+    copied = evaluated(make_structure("bulk"), other, **CHARGED_STATE).get_properties(names)
+    for name in names:
+        assert np.array_equal(copied[name], expected[name]), name
 
 
 @pytest.mark.parametrize("source", ["ckpt", "loaded pair"])

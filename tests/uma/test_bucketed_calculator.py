@@ -3,8 +3,12 @@ fairchem's charge/spin rules, padding."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
+import torch
 from ase.build import bulk
 from ase.calculators.fd import calculate_numerical_stress
 from test_against_fairchem import RTOL
@@ -139,3 +143,32 @@ def test_slab_or_wire_stress_matches_finite_differences(pbc, consistent):
                                     compile_mode="eager", bucket_size=64)
     numerical = calculate_numerical_stress(atoms, 1e-5)
     assert deviation(atoms.get_stress(), numerical) < 1e-7
+
+
+def properties(calc: BucketedCalculator, atoms) -> dict:
+    atoms = atoms.copy()
+    atoms.calc = calc
+    return atoms.get_properties(["energy", "energies", "forces", "stress"])
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_gives_identical_results_and_merges_its_own_experts(how, uma_checkpoints):
+    """A copy (NEB images, multiprocessing) has its own merged expert weights: using it
+    on another composition leaves the original's results unchanged."""
+    calc = BucketedCalculator(uma_checkpoints["main"].path, task_name="omat", dtype="float64",
+                              device="cpu", compile_mode="eager", bucket_size=64)
+    alloy = structures()["bulk"][1]
+    expected = properties(calc, alloy)
+    other = copy.deepcopy(calc) if how == "deepcopy" else pickle.loads(pickle.dumps(calc))
+    merged = [c.core.blocks[0].conv_1.m0.weight for c in (calc, other)]
+    assert merged[0].data_ptr() != merged[1].data_ptr()
+    before = merged[0].clone()
+    for name, value in properties(other, alloy).items():
+        assert np.array_equal(value, expected[name]), name
+    copper = alloy.copy()
+    copper.numbers[:] = 29  # another composition: the copy re-merges its experts
+    properties(other, copper)
+    assert not torch.equal(merged[1], before) and torch.equal(merged[0], before)
+    calc.reset()  # evaluate the original again (its core still holds the alloy's merge)
+    for name, value in properties(calc, alloy).items():
+        assert np.array_equal(value, expected[name]), name
