@@ -69,7 +69,9 @@ class System:
       tensors while ``search``, the neighbour list's search counter, stays the same);
       ``most_neighbors`` bounds the pairs of any one atom in that search;
     - ``charge`` and ``spin`` (multiplicity 2S + 1) from ``atoms.info``, integers;
-    - ``compute_stress``: whether stress is wanted (fully periodic systems only).
+    - ``compute_stress``: whether the stress (1/V) dE/dε is defined, that is, the three
+      cell vectors are linearly independent (any pbc); ``cell`` is then the user's, no
+      vector replaced, so V is its volume.
     """
 
     positions: torch.Tensor
@@ -90,12 +92,14 @@ class System:
 @dataclass(frozen=True)
 class Result:
     """A model's answer for one :class:`System`, on the host in float64: ``energy`` (eV),
-    ``forces`` (N, 3) eV/Å, and ``stress`` (3, 3) eV/Å³ in ASE's sign convention (positive
-    under tension), None unless asked for."""
+    ``forces`` (N, 3) eV/Å, ``stress`` (3, 3) eV/Å³ in ASE's sign convention (positive
+    under tension), None unless asked for, and ``energies`` (N,) eV, per-atom energies
+    summing to ``energy``, None for models that do not provide them."""
 
     energy: float
     forces: np.ndarray
     stress: np.ndarray | None = None
+    energies: np.ndarray | None = None
 
     @classmethod
     def from_tensors(
@@ -166,6 +170,12 @@ def charge_and_spin(info: dict, default_spin: int = 1) -> tuple[int, int]:
     )
 
 
+def spans_volume(cell: np.ndarray) -> bool:
+    """Whether the three vectors of ``cell`` are linearly independent (same tolerance as
+    :func:`check_structure`): then the stress (1/V) dE/dε of that cell is defined."""
+    return bool(np.linalg.matrix_rank(cell, tol=1e-8) == 3)
+
+
 def _symbol(number: int) -> str:
     return chemical_symbols[number] if 0 <= number < len(chemical_symbols) else f"Z={number}"
 
@@ -181,6 +191,12 @@ class TorchCalculator(Calculator):
     (default) keeps every float32 matrix product IEEE, even when torch's global TF32
     flags are on; ``"tf32"`` runs the network's own products on TF32 tensor cores (CUDA,
     dtype float32), faster and less accurate.
+
+    Stress is (1/V) dE/dε under a homogeneous strain ε of positions and cell, V the
+    volume of the cell as given, whenever its three vectors are linearly independent,
+    periodic or not: a slab's or a wire's stress then depends on the vacuum in its cell,
+    as fairchem's and metatomic's do. A cell without volume (a zero vector on a
+    non-periodic axis) raises ``PropertyNotImplementedError`` for stress.
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
@@ -221,7 +237,8 @@ class TorchCalculator(Calculator):
             max_neighbors=max_neighbors,
         )
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
-        self._checked: tuple[np.ndarray, ...] | None = None
+        # numbers, cell and pbc of the last structure that passed, and whether it has a volume
+        self._checked: tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None = None
         self._zeros: torch.Tensor | None = None
         self._lock = threading.RLock()
 
@@ -264,14 +281,17 @@ class TorchCalculator(Calculator):
             self._zeros = torch.zeros(atoms, dtype=torch.long, device=self.device)
         return self._zeros
 
-    def _check_structure(self, atoms: Atoms) -> None:
+    def _check_structure(self, atoms: Atoms) -> bool:
         """:func:`check_structure`, skipped while numbers, cell and pbc equal those of the
-        last structure that passed (an MD step changes only positions)."""
+        last structure that passed (an MD step changes only positions); returns
+        :func:`spans_volume` of the cell, kept with them."""
         key = (atoms.numbers, atoms.cell.array, atoms.pbc)
-        if self._checked is not None and all(map(np.array_equal, key, self._checked)):
-            return
+        if self._checked is not None and all(map(np.array_equal, key, self._checked[:3])):
+            return self._checked[3]
         check_structure(atoms, self.supported_numbers)
-        self._checked = tuple(np.array(array, copy=True) for array in key)
+        volume = spans_volume(atoms.cell.array)
+        self._checked = (*(np.array(array, copy=True) for array in key), volume)
+        return volume
 
     def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
         """ASE's changes, plus ``"info"`` when charge or spin in ``atoms.info`` changed."""
@@ -292,11 +312,13 @@ class TorchCalculator(Calculator):
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms
         check_positions(atoms)
-        self._check_structure(atoms)
-        periodic = bool(atoms.pbc.all())
-        if "stress" in properties and not periodic:
+        has_volume = self._check_structure(atoms)
+        if "stress" in properties and not has_volume:
             raise PropertyNotImplementedError(
-                f"stress needs a system periodic along all three axes; pbc={atoms.pbc.tolist()}"
+                "stress is (1/V) dE/dstrain and needs a cell of three linearly independent "
+                f"vectors, with a volume: cell={atoms.cell.array.tolist()}, "
+                f"pbc={atoms.pbc.tolist()}; give each non-periodic axis a cell vector "
+                "(the stress then counts the vacuum in the volume)"
             )
         positions = torch.tensor(atoms.positions, dtype=self.dtype, device=self.device)
         cell = torch.tensor(atoms.cell.array, dtype=self.dtype, device=self.device)
@@ -308,7 +330,7 @@ class TorchCalculator(Calculator):
             edge_index, unit_shifts = search(positions, cell, pbc, host=geometry)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
-        if not atoms.cell.array.any(axis=1).all():  # a zero cell vector
+        if not atoms.cell.array.any(axis=1).all():  # a zero cell vector: no stress then
             cell = padding_cell(cell, self.cutoff)  # else it would return the same cell
         charge, spin = charge_and_spin(atoms.info, self.default_spin)
         system = System(
@@ -324,7 +346,7 @@ class TorchCalculator(Calculator):
             most_neighbors=self.neighbors.most_candidates,
             charge=charge,
             spin=spin,
-            compute_stress=periodic,
+            compute_stress=has_volume,
         )
         with matmul_precision(self.precision):
             result = self.evaluate(system)
@@ -333,6 +355,8 @@ class TorchCalculator(Calculator):
         }
         if result.stress is not None:
             self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
+        if result.energies is not None:
+            self.results["energies"] = result.energies
 
 
 def to_host(*tensors: torch.Tensor | None) -> list[np.ndarray | None]:

@@ -197,6 +197,11 @@ class GraphRunner:
     reach every graph. Outputs may be buffers that the next call overwrites: copy them
     (:func:`fastcalc.calculator.to_host`) before calling again. Gradients are enabled
     inside, since ``fn`` differentiates.
+
+    A copy or an unpickled runner holds ``fn`` and ``mode`` only (so ``fn`` must pickle:
+    a bound method or a module-level callable, not a closure): compiled code and CUDA
+    graphs belong to one process and one copy of the model's tensors, so the copy traces
+    and compiles anew at its first call, and its ``stats`` start from zero.
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], mode: str) -> None:
@@ -219,6 +224,12 @@ class GraphRunner:
             outputs = self._run(*inputs)
             self._compilations += compiled_graphs() - before
             return outputs
+
+    def __getstate__(self) -> dict:
+        return {"fn": self.fn, "mode": self.mode}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["fn"], state["mode"])
 
     @property
     def stats(self) -> dict[str, int]:

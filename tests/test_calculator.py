@@ -5,7 +5,8 @@ ASE) run in test_check_calculator.py."""
 import numpy as np
 import pytest
 from ase import Atoms, units
-from ase.build import bulk, molecule
+from ase.build import bulk, fcc111, molecule
+from ase.calculators.fd import calculate_numerical_stress
 from ase.calculators.calculator import PropertyNotImplementedError
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from ase.md.verlet import VelocityVerlet
@@ -81,12 +82,57 @@ def test_results_are_cached_until_atoms_or_charge_or_spin_change():
     assert calc.evaluations == 4
 
 
-def test_stress_of_a_non_periodic_system_is_not_implemented():
+def test_stress_of_a_molecule_without_a_cell_is_not_implemented():
     atoms = molecule("H2O")
     atoms.calc = morse_calculator()
-    with pytest.raises(PropertyNotImplementedError, match="periodic along all three axes"):
+    with pytest.raises(PropertyNotImplementedError, match="linearly independent"):
         atoms.get_stress()
     assert np.isfinite(atoms.get_forces()).all()
+
+
+def slab() -> Atoms:
+    atoms = fcc111("Cu", (2, 2, 3), a=3.6, vacuum=5.0)
+    atoms.rattle(0.05, seed=3)
+    return atoms
+
+
+@pytest.mark.parametrize("pbc", [(True, True, False), (True, False, False), (False,) * 3],
+                         ids=["slab", "wire", "cluster in a box"])
+def test_stress_of_a_cell_that_is_not_fully_periodic_matches_ase(pbc):
+    """(1/V) dE/dstrain of the cell as given, as ASE's Morse (analytic) computes it."""
+    atoms = slab()
+    atoms.pbc = pbc
+    atoms.calc = morse_calculator()
+    expected = reference(atoms).get_stress()
+    assert np.abs(expected).max() > 1e-4
+    np.testing.assert_allclose(atoms.get_stress(), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pbc", [(True, True, False), (True, False, False)], ids=["slab", "wire"])
+def test_stress_of_a_slab_or_wire_matches_finite_differences(pbc):
+    atoms = slab()
+    atoms.pbc = pbc
+    atoms.calc = morse_calculator()
+    numerical = calculate_numerical_stress(atoms, 1e-5)
+    np.testing.assert_allclose(atoms.get_stress(), numerical, rtol=0, atol=1e-9)
+
+
+def test_slab_stress_counts_the_vacuum_in_the_volume():
+    atoms = slab()
+    atoms.calc = morse_calculator()
+    stress = atoms.get_stress()
+    atoms.cell[2] *= 2.0  # twice the vacuum, same atoms: same energy, half the stress
+    np.testing.assert_allclose(atoms.get_stress(), stress / 2, rtol=1e-13, atol=0)
+
+
+def test_stress_of_a_slab_without_a_vacuum_vector_is_refused():
+    atoms = slab()
+    forces = morse_calculator().get_forces(atoms)
+    atoms.cell[2] = 0.0  # the non-periodic axis has no cell vector: no volume
+    atoms.calc = morse_calculator()
+    with pytest.raises(PropertyNotImplementedError, match="linearly independent"):
+        atoms.get_stress()
+    np.testing.assert_allclose(atoms.get_forces(), forces, rtol=0, atol=1e-13)
 
 
 def test_unknown_dtype_is_refused():

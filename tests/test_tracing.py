@@ -74,3 +74,17 @@ def test_profiler_ranges_are_stripped_from_the_graph():
     targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
     assert targets == ["aten.sin.default"]
     torch.testing.assert_close(graph(torch.ones(3))[0], torch.ones(3).sin())
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_runner_leaves_compiled_code_behind_and_compiles_anew(how, compiled):
+    import copy
+    import pickle
+
+    inputs = graph_inputs(crystal((2, 2, 2)))
+    expected = [x.clone() for x in compiled(*inputs)]
+    other = copy.deepcopy(compiled) if how == "deepcopy" else pickle.loads(pickle.dumps(compiled))
+    assert other.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0}
+    for ours, theirs in zip(other(*inputs), expected):
+        torch.testing.assert_close(ours, theirs, rtol=1e-13, atol=0)
+    assert other.stats["compilations"] == 1 and compiled.stats["compilations"] == 1

@@ -36,7 +36,7 @@ from .layout import Candidates, sized_candidates
 from .load import PETMetadata, load_pet
 from ..buckets import atom_mask, pad_atoms, padded_size
 from .padding import WIDTH_STEP, PaddedShape, padded_shape
-from .trace import graph_inputs, step_graph
+from .trace import StepGraph, graph_inputs
 
 __all__ = ["CompiledPETCalculator"]
 
@@ -89,7 +89,12 @@ class Topology(NamedTuple):
 
 
 class CompiledPETCalculator(TorchCalculator):
-    """Energy, free energy, forces and (3D-periodic systems) stress of a PET model.
+    """Energy, free energy, per-atom energies, forces and stress of a PET model.
+
+    Per-atom energies (``atoms.get_potential_energies()``) are the network's, scaled,
+    plus each atom's composition energy, as metatomic's; they come from the same call as
+    the energy, which is their sum. Stress is defined for any cell with a volume (see
+    :class:`fastcalc.calculator.TorchCalculator`).
 
     ``model`` is a bundled model name (see :func:`fastcalc.registry.resolve_model_path`),
     a path to a metatomic export (``.pt``) or metatrain checkpoint (``.ckpt``), or a
@@ -120,6 +125,7 @@ class CompiledPETCalculator(TorchCalculator):
     """
 
     takes_candidates = True
+    implemented_properties = [*TorchCalculator.implemented_properties, "energies"]
     default_parameters = {**TorchCalculator.default_parameters, "compile_mode": "auto"}
 
     def __init__(
@@ -147,7 +153,7 @@ class CompiledPETCalculator(TorchCalculator):
         self.reference = metadata.reference()
         self._host_species = self.core.species_index.cpu().numpy()
         self.compile_mode = resolve_compile_mode(compile_mode, self.device)
-        self._runner = GraphRunner(step_graph(self.core), self.compile_mode)
+        self._runner = GraphRunner(StepGraph(self.core), self.compile_mode)
         name = str(model) if isinstance(model, (str, Path)) else "PETCore"
         self.parameters.update(model=name, compile_mode=compile_mode)
         self._topology: Topology | None = None
@@ -240,4 +246,4 @@ class CompiledPETCalculator(TorchCalculator):
             self.reference, host_species, energies, forces,
             virial if system.compute_stress else None,
         )
-        return Result(result.energy, result.forces, result.stress)
+        return Result(result.energy, result.forces, result.stress, result.energies)

@@ -8,7 +8,7 @@ the edges PET keeps on the current geometry (within the cutoff; for adaptive mod
 within the pair's adaptive cutoff) and scatters them into a :class:`PETLayout` of a
 given width, with tensor operations only: no host synchronisation and no
 data-dependent shape, so it is compiled (and CUDA-graphed) together with the model's
-graph, ahead of it (:func:`fastcalc.pet.trace.step_graph`).
+graph, ahead of it (:class:`fastcalc.pet.trace.StepGraph`).
 
 Everything here is integer/bool and gradient-free; the geometry (vectors, distances,
 cutoff weights) is recomputed from positions inside :class:`fastcalc.pet.core.PETCore`.
@@ -258,26 +258,6 @@ def device_layout(
         selection.radii,
     )
     return layout, status
-
-
-def layout_function(hypers: PETHypers) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """:func:`device_layout` on flat tensors, for compiling:
-    ``(positions, cell, species, *candidates, slots) -> (*layout, status)``."""
-
-    def run(
-        positions: torch.Tensor,
-        cell: torch.Tensor,
-        species: torch.Tensor,
-        neighbors: torch.Tensor,
-        shifts: torch.Tensor,
-        reverse: torch.Tensor,
-        slots: torch.Tensor,
-    ) -> tuple[torch.Tensor, ...]:
-        candidates = Candidates(neighbors, shifts, reverse)
-        layout, status = device_layout(positions, cell, species, candidates, slots, hypers)
-        return (*layout, status)
-
-    return run
 
 
 def species_of(numbers: torch.Tensor, species_index: torch.Tensor) -> torch.Tensor:

@@ -60,7 +60,8 @@ def _resolve_task(core_or_checkpoint: UMACore | UMACheckpoint, task_name: str | 
 
 
 class BucketedCalculator(TorchCalculator):
-    """Energy, forces and stress of a UMA checkpoint for one task, without fairchem.
+    """Energy, per-atom energies, forces and stress of a UMA checkpoint for one task,
+    without fairchem.
 
     ``checkpoint`` is a fairchem UMA inference checkpoint (path, bundled model
     name such as ``"uma-demo-cu"``, or loaded :class:`UMACheckpoint`) or a built
@@ -82,7 +83,13 @@ class BucketedCalculator(TorchCalculator):
     is IEEE float32 throughout, even with torch's global TF32 flags on; ``"tf32"`` runs
     the SO(2) convolutions, radial networks and feed-forward layers on TF32 tensor cores
     (CUDA), while geometry, Wigner rotations, forces and stress stay IEEE float32
-    (:mod:`fastcalc.precision`).
+    (:mod:`fastcalc.precision`). Stress is defined for any cell with a
+    volume, slabs included, as fairchem's.
+
+    Per-atom energies (``atoms.get_potential_energies()``, which fairchem does not
+    offer) come from the same call and sum to the energy: each atom's network output
+    through the energy normaliser, an equal share of its mean and the element reference
+    of its element (see :meth:`fastcalc.uma.UMACore.outputs`).
 
     Example::
 
@@ -92,6 +99,7 @@ class BucketedCalculator(TorchCalculator):
         print(atoms.get_potential_energy(), atoms.get_forces()[0])
     """
 
+    implemented_properties = [*TorchCalculator.implemented_properties, "energies"]
     default_parameters = {
         **TorchCalculator.default_parameters,
         "task_name": None,
@@ -189,14 +197,17 @@ class BucketedCalculator(TorchCalculator):
         atoms = padded_size(n, ATOM_STEP)
         padded_numbers, mask = self._padded_numbers(numbers, atoms)
         edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
-        energy, forces, stress = self._runner(
+        energy, forces, stress, energies = self._runner(
             pad_atoms(positions, atoms), cell, padded_numbers, edges.edge_index,
             edges.unit_shifts, edges.edge_mask, mask,
         )
         # one wait for the device; normalisers and element references apply on the host
-        energy, forces, stress = map(torch.from_numpy, to_host(energy, forces[:n], stress))
-        out = self.core.outputs(energy, forces, stress, system.compute_stress)
+        host = map(torch.from_numpy, to_host(energy, forces[:n], stress, energies[:n]))
+        out = self.core.outputs(
+            *host, torch.from_numpy(system.host_numbers), system.compute_stress
+        )
         stress = out.get("stress")
         return Result(
-            float(out["energy"]), out["forces"].numpy(), None if stress is None else stress.numpy()
+            float(out["energy"]), out["forces"].numpy(),
+            None if stress is None else stress.numpy(), out["energies"].numpy(),
         )

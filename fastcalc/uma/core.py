@@ -303,10 +303,10 @@ class UMACore(nn.Module):
         edge_mask: torch.Tensor | None = None,
         atom_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Raw (normalised, reference-free) energy as a float64 scalar, differentiable
-        in ``positions`` and ``cell``, for the system last given to :meth:`prepare`.
-        Atoms where ``atom_mask`` (N,) is False are padding: left out of the energy
-        (they must have no edges).
+        """Raw (normalised, reference-free) per-atom energies (N,) in the model's dtype,
+        differentiable in ``positions`` and ``cell``, for the system last given to
+        :meth:`prepare`; the raw energy is their sum. Atoms where ``atom_mask`` (N,) is
+        False are padding: their energy is zero (they must have no edges).
 
         Free of host synchronisation and data-dependent control flow, so it can be
         traced; use :meth:`compute` for physical outputs."""
@@ -341,9 +341,10 @@ class UMACore(nn.Module):
             atom_energy = layer(atom_energy)
             if index < len(self.head) - 1:
                 atom_energy = nn.functional.silu(atom_energy)
+        atom_energy = atom_energy[:, 0]
         if atom_mask is not None:
-            atom_energy = torch.where(atom_mask.unsqueeze(-1), atom_energy, 0.0)
-        return atom_energy.sum(dtype=torch.float64)  # accumulated in float64, as fairchem does
+            atom_energy = torch.where(atom_mask, atom_energy, 0.0)
+        return atom_energy
 
     def _envelope(self, lengths: torch.Tensor) -> torch.Tensor:
         """Polynomial envelope (exponent 5) of ``d / cutoff``; exactly 0 beyond the cutoff."""
@@ -378,33 +379,62 @@ class UMACore(nn.Module):
         unit_shifts: torch.Tensor,
         edge_mask: torch.Tensor | None = None,
         atom_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Raw energy, ``-dE/dpositions`` and ``(1/V) dE/dstrain`` (3x3) from one backward pass.
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Raw energy (float64), ``-dE/dpositions``, ``(1/V) dE/dstrain`` (3x3) and the raw
+        per-atom energies (N,), from one forward and one backward pass.
 
-        Traceable (the function fastcalc compiles); call :meth:`prepare` first.
+        Traceable (the function fastcalc compiles); call :meth:`prepare` first. The
+        energy is the per-atom energies summed in float64, as fairchem does.
         """
-        return energy_forces_stress(
-            lambda x, c: self(x, c, numbers, edge_index, unit_shifts, edge_mask, atom_mask),
-            positions, cell, compute_stress=True,
-        )
+        per_atom: list[torch.Tensor] = []
+
+        def energy(deformed_positions: torch.Tensor, deformed_cell: torch.Tensor) -> torch.Tensor:
+            per_atom.append(
+                self(deformed_positions, deformed_cell, numbers, edge_index, unit_shifts,
+                     edge_mask, atom_mask)
+            )
+            return per_atom[0].sum(dtype=torch.float64)
+
+        total, forces, stress = energy_forces_stress(energy, positions, cell, compute_stress=True)
+        return total, forces, stress, per_atom[0].detach()
 
     def outputs(
         self,
         raw: torch.Tensor,
         raw_forces: torch.Tensor,
         raw_stress: torch.Tensor,
+        raw_energies: torch.Tensor,
+        numbers: torch.Tensor,
         stress: bool = True,
     ) -> dict[str, torch.Tensor]:
-        """Energy (eV), forces (eV/A) and, if asked, stress (eV/A^3, 3x3) for the task.
+        """Energy (eV), per-atom energies (eV), forces (eV/A) and, if asked, stress
+        (eV/A^3, 3x3) for the task, from :meth:`energy_and_gradients`' outputs.
 
-        The raw forces and the symmetrised raw stress (see :meth:`energy_and_gradients`)
-        each go through their task normaliser (``value * rmsd + mean``); the
-        energy gets the element references of the composition given to
-        :meth:`prepare`, as fairchem post-processes its outputs.
+        The raw forces and the symmetrised raw stress each go through their task
+        normaliser (``value * rmsd + mean``); the energy gets the element references of
+        the composition given to :meth:`prepare`, as fairchem post-processes its
+        outputs. fairchem has no per-atom energies; here atom i of the N ``numbers``
+        gets ``raw_i * rmsd + mean / N + reference[Z_i]``: the normaliser's mean shared
+        equally, so that they sum to the energy and each is unchanged by a translation.
         """
         task = self._task
         energy = raw * task.energy.rmsd + task.energy.mean + self._reference_energy.to(raw.device)
-        out = {"energy": energy, "forces": raw_forces * task.forces.rmsd + task.forces.mean}
+        references = task.element_references
+        atom_references = (
+            torch.zeros((), dtype=torch.float64)
+            if references is None
+            else references[numbers.detach().cpu()]
+        )
+        energies = (
+            raw_energies * task.energy.rmsd
+            + task.energy.mean / len(raw_energies)
+            + atom_references.to(raw_energies.device)
+        )
+        out = {
+            "energy": energy,
+            "energies": energies,
+            "forces": raw_forces * task.forces.rmsd + task.forces.mean,
+        }
         if stress:
             symmetric = 0.5 * (raw_stress + raw_stress.T)
             out["stress"] = symmetric * task.stress.rmsd + task.stress.mean
@@ -427,4 +457,4 @@ class UMACore(nn.Module):
         gradients = self.energy_and_gradients(
             positions, cell, numbers, edge_index, unit_shifts, edge_mask
         )
-        return self.outputs(*gradients, stress)
+        return self.outputs(*gradients, numbers, stress)

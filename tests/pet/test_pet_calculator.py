@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import warnings
 
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 from ase import Atoms
 from ase.build import bulk
 from ase.calculators.calculator import PropertyNotImplementedError
+from ase.calculators.fd import calculate_numerical_stress
 from ase.stress import full_3x3_to_voigt_6_stress
 from torch._dynamo.utils import counters
 
@@ -87,9 +90,82 @@ def test_eager_calculator_matches_upstream(model, structure, eager, reference):
     assert_matches(atoms, reference(model, structure))
 
 
-def test_no_stress_without_full_periodicity(eager):
-    with pytest.raises(PropertyNotImplementedError):
-        evaluated(make_structure("slab"), eager("fixed")).get_stress()
+def upstream_property(calculator, atoms: Atoms, name: str) -> np.ndarray:
+    """metatomic's ``name`` ("stress", "energies") for a copy of ``atoms``."""
+    atoms = atoms.copy()
+    atoms.calc = calculator
+    with torch.jit.optimized_execution(False), warnings.catch_warnings():
+        # metatomic warns that a slab's stress is "likely to be wrong": it is the
+        # derivative for the cell as given, vacuum included, which is what is compared
+        warnings.simplefilter("ignore", UserWarning)
+        return atoms.get_properties([name])[name]
+
+
+@pytest.mark.parametrize("model", ["fixed", "adaptive"])
+def test_slab_stress_matches_metatomic(model, eager, pet_models):
+    atoms = evaluated(make_structure("slab"), eager(model))
+    expected = upstream_property(upstream_calculator(pet_models[model]), atoms, "stress")
+    assert np.abs(expected).max() > 1e-3
+    assert deviation(atoms.get_stress(), expected) < RTOL
+
+
+@pytest.mark.parametrize("pbc", [(True, True, False), (True, False, False)], ids=["slab", "wire"])
+def test_slab_or_wire_stress_matches_finite_differences(pbc, eager):
+    """ASE's central differences under strain, the non-periodic axis's vector included."""
+    atoms = evaluated(make_structure("slab"), eager("adaptive"))
+    atoms.pbc = pbc
+    numerical = calculate_numerical_stress(atoms, 1e-5)
+    assert deviation(atoms.get_stress(), numerical) < 1e-7
+
+
+def test_stress_needs_a_cell_with_a_volume(eager):
+    atoms = make_structure("slab")
+    atoms.cell[2] = 0.0  # no cell vector along the non-periodic axis
+    atoms = evaluated(atoms, eager("fixed"))
+    with pytest.raises(PropertyNotImplementedError, match="linearly independent"):
+        atoms.get_stress()
+    assert np.isfinite(atoms.get_forces()).all()
+
+
+@pytest.mark.parametrize("structure", ["bulk", "slab", "molecule"])
+def test_per_atom_energies_match_metatomic(structure, eager, pet_models):
+    """Scaled network energies plus composition energies, padded atoms dropped."""
+    atoms = evaluated(make_structure(structure), eager("adaptive"))
+    energies = atoms.get_potential_energies()
+    expected = upstream_property(upstream_calculator(pet_models["adaptive"]), atoms, "energies")
+    assert energies.shape == (len(atoms),)
+    assert deviation(energies, expected) < RTOL
+    assert energies.sum() == pytest.approx(atoms.get_potential_energy(), rel=1e-14)
+
+
+def test_per_atom_energies_come_with_energy_and_forces(pet_models, monkeypatch):
+    calculator = CompiledPETCalculator(
+        pet_models["fixed"].pt, device="cpu", dtype="float64", compile_mode="eager"
+    )
+    calls = []
+    evaluate = calculator.evaluate
+    monkeypatch.setattr(calculator, "evaluate", lambda system: calls.append(1) or evaluate(system))
+    atoms = evaluated(make_structure("bulk"), calculator)
+    atoms.get_forces()
+    atoms.get_potential_energies()
+    atoms.get_stress()
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_calculator_gives_identical_results(how, pet_models):
+    """A copy has its own core (NEB images, multiprocessing), and the same results."""
+    calculator = CompiledPETCalculator(
+        pet_models["conditioned"].pt, device="cpu", dtype="float64", compile_mode="eager"
+    )
+    atoms = evaluated(make_structure("bulk"), calculator, **CHARGED_STATE)
+    names = ["energy", "energies", "forces", "stress"]
+    expected = atoms.get_properties(names)
+    other = copy.deepcopy(calculator) if how == "deepcopy" else pickle.loads(pickle.dumps(calculator))
+    assert other.core is not calculator.core and other._runner.fn.core is other.core
+    copied = evaluated(make_structure("bulk"), other, **CHARGED_STATE).get_properties(names)
+    for name in names:
+        assert np.array_equal(copied[name], expected[name]), name
 
 
 @pytest.mark.parametrize("source", ["ckpt", "loaded pair"])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from uma_reference import structures
 
+from fastcalc.calculator import spans_volume
 from fastcalc.testing import Results, deviation, deviations, evaluate
 
 RTOL = 1e-8
@@ -20,31 +21,12 @@ def assert_agree(ours: Results, reference: Results) -> None:
 @pytest.mark.parametrize("kind", ["main", "variant"])
 @pytest.mark.parametrize("system", ["bulk", "slab", "molecule", "tiny", "isolated"])
 def test_energy_forces_stress_match_fairchem(kind, system, reference_calculator, our_calculator):
+    """Stress wherever the cell has a volume: the slab's too, for the cell as given."""
     task, atoms = structures()[system]
-    ours = evaluate(our_calculator(kind, task), atoms)
-    # fastcalc reports stress for fully periodic systems only; fairchem for slabs too
-    reference = evaluate(reference_calculator(kind, task), atoms, stress=atoms.pbc.all())
+    stress = spans_volume(atoms.cell.array)
+    ours = evaluate(our_calculator(kind, task), atoms, stress=stress)
+    reference = evaluate(reference_calculator(kind, task), atoms, stress=stress)
     assert_agree(ours, reference)
-
-
-def test_slab_stress_from_core_matches_fairchem(reference_calculator, our_calculator):
-    """fairchem also reports stress for slabs (cell volume including vacuum)."""
-    import torch
-    from ase.stress import full_3x3_to_voigt_6_stress
-
-    from fastcalc.uma.graph import build_topology
-
-    task, atoms = structures()["slab"]
-    core = our_calculator("main", task).core
-    edge_index, unit_shifts = build_topology(
-        atoms.positions, atoms.cell.array, atoms.pbc, core.cutoff, core.max_neighbors
-    )
-    out = core.compute(
-        torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), torch.tensor(atoms.numbers),
-        edge_index, unit_shifts,
-    )
-    atoms.calc = reference_calculator("main", task)
-    assert deviation(full_3x3_to_voigt_6_stress(out["stress"].numpy()), atoms.get_stress()) < RTOL
 
 
 def test_composition_charge_spin_changes_remerge_in_place(reference_calculator, our_calculator):
@@ -92,3 +74,32 @@ def test_task_switch_matches_fairchem(uma_checkpoints, reference_calculator):
     for task in ("omat", "oc20", "omol", "omat"):
         calc.set_task(task)
         assert_agree(evaluate(calc, atoms), evaluate(reference_calculator("variant", task), atoms))
+
+
+@pytest.mark.parametrize("kind", ["main", "variant"])
+@pytest.mark.parametrize("system", ["slab", "molecule"])
+def test_per_atom_energies_are_fairchems_node_energies(kind, system, reference_calculator,
+                                                       our_calculator):
+    """fairchem's calculator has no per-atom energies; its energy block's output per atom
+    (hooked) through our convention, raw_i * rmsd + mean / N + reference[Z_i], is ours."""
+    task, atoms = structures()[system]
+    calc = our_calculator(kind, task)
+    ours = atoms.copy()
+    ours.calc = calc
+    energies = ours.get_potential_energies()
+    reference = reference_calculator(kind, task)
+    (block,) = [module for name, module in reference.predictor.model.named_modules()
+                if name.endswith("energy_block")]
+    nodes = []
+    hook = block.register_forward_hook(lambda module, inputs, out: nodes.append(out.detach()))
+    reference.reset()  # evaluate again, even if these atoms were its last
+    try:
+        energy = evaluate(reference, atoms).energy
+    finally:
+        hook.remove()
+    spec = calc.core.task
+    expected = (nodes[-1].double().reshape(-1).numpy() * spec.energy.rmsd
+                + spec.energy.mean / len(atoms) + spec.element_references[atoms.numbers].numpy())
+    assert energies.shape == (len(atoms),)
+    assert deviation(energies, expected) < RTOL
+    assert deviation(energies.sum(), energy) < RTOL

@@ -3,9 +3,14 @@ fairchem's charge/spin rules, padding."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
+import torch
 from ase.build import bulk
+from ase.calculators.fd import calculate_numerical_stress
 from test_against_fairchem import RTOL
 from uma_reference import structures
 
@@ -18,13 +23,20 @@ SMALL = dict(num_layers=1, sphere_channels=8, hidden_channels=8, edge_channels=8
              num_distance_basis=8)
 
 
-def test_passes_check_calculator_against_fairchem(tmp_path):
-    """Eager float64 on a small checkpoint whose stress is the strain derivative of its
-    energy (the shared fixtures' stress normaliser differs on purpose)."""
-    path = tmp_path / "consistent.pt"
+@pytest.fixture(scope="module")
+def consistent(tmp_path_factory):
+    """A small checkpoint whose stress is the strain derivative of its energy (the shared
+    fixtures' stress normaliser differs on purpose)."""
+    path = tmp_path_factory.mktemp("consistent") / "consistent.pt"
     build_checkpoint(path, default_backbone(**SMALL), "UMA-S-1.2", seed=3, consistent_stress=True)
-    calc = BucketedCalculator(path, task_name="omat", dtype="float64", device="cpu")
-    report = check_calculator(calc, fairchem_calculator(path, "omat"), numbers=[29, 79])
+    return path
+
+
+def test_passes_check_calculator_against_fairchem(consistent):
+    """Eager float64 on a small checkpoint whose stress is the strain derivative of its
+    energy."""
+    calc = BucketedCalculator(consistent, task_name="omat", dtype="float64", device="cpu")
+    report = check_calculator(calc, fairchem_calculator(consistent, "omat"), numbers=[29, 79])
     skipped = report.with_status("skipped")
     assert [check.name for check in skipped] == ["reference: agrees [lone atom]"]
     assert "no atom_refs" in skipped[0].detail  # fairchem needs element references for it
@@ -120,3 +132,43 @@ def test_the_bundled_demo_model_refuses_elements_it_was_not_fitted_on():
     gold.calc = BucketedCalculator("uma-demo-cu", device="cpu")
     with pytest.raises(InvalidAtomsError, match="does not support Au; it supports Cu"):
         gold.get_potential_energy()
+
+
+@pytest.mark.parametrize("pbc", [(True, True, False), (True, False, False)], ids=["slab", "wire"])
+def test_slab_or_wire_stress_matches_finite_differences(pbc, consistent):
+    """ASE's central differences under strain, the non-periodic axis's vector included."""
+    atoms = structures()["slab"][1]
+    atoms.pbc = pbc
+    atoms.calc = BucketedCalculator(consistent, task_name="omat", dtype="float64", device="cpu",
+                                    compile_mode="eager", bucket_size=64)
+    numerical = calculate_numerical_stress(atoms, 1e-5)
+    assert deviation(atoms.get_stress(), numerical) < 1e-7
+
+
+def properties(calc: BucketedCalculator, atoms) -> dict:
+    atoms = atoms.copy()
+    atoms.calc = calc
+    return atoms.get_properties(["energy", "energies", "forces", "stress"])
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_gives_identical_results_and_merges_its_own_experts(how, uma_checkpoints):
+    """A copy (NEB images, multiprocessing) has its own merged expert weights: using it
+    on another composition leaves the original's results unchanged."""
+    calc = BucketedCalculator(uma_checkpoints["main"].path, task_name="omat", dtype="float64",
+                              device="cpu", compile_mode="eager", bucket_size=64)
+    alloy = structures()["bulk"][1]
+    expected = properties(calc, alloy)
+    other = copy.deepcopy(calc) if how == "deepcopy" else pickle.loads(pickle.dumps(calc))
+    merged = [c.core.blocks[0].conv_1.m0.weight for c in (calc, other)]
+    assert merged[0].data_ptr() != merged[1].data_ptr()
+    before = merged[0].clone()
+    for name, value in properties(other, alloy).items():
+        assert np.array_equal(value, expected[name]), name
+    copper = alloy.copy()
+    copper.numbers[:] = 29  # another composition: the copy re-merges its experts
+    properties(other, copper)
+    assert not torch.equal(merged[1], before) and torch.equal(merged[0], before)
+    calc.reset()  # evaluate the original again (its core still holds the alloy's merge)
+    for name, value in properties(calc, alloy).items():
+        assert np.array_equal(value, expected[name]), name
