@@ -22,7 +22,9 @@ from fastcalc.registry import ModelFamily, register
 from fastcalc.testing import check_calculator
 
 
-def morse_calculator(path: Path, *, task, device, dtype, compile_mode) -> PotentialCalculator:
+def morse_calculator(
+    path: Path, *, task, device, dtype, compile_mode, **options
+) -> PotentialCalculator:
     """ASE's Morse form (pair energy times a smooth cutoff) with the file's parameters."""
     p = json.loads(path.read_text())
     r0, cut1, cut2 = p["r0"], p["rcut1"] * p["r0"], p["rcut2"] * p["r0"]
@@ -33,7 +35,7 @@ def morse_calculator(path: Path, *, task, device, dtype, compile_mode) -> Potent
         s = (1 - (r - cut1) / (cut2 - cut1)).clamp(0, 1)
         return 0.5 * (p["epsilon"] * e * (e - 2) * s**3 * (6 * s**2 - 15 * s + 10)).sum()
 
-    return PotentialCalculator(energy, cut2, device=device, dtype=dtype)
+    return PotentialCalculator(energy, cut2, device=device, dtype=dtype, **options)
 
 
 register(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -28,8 +30,10 @@ from ase.stress import full_3x3_to_voigt_6_stress
 
 from .buckets import PaddedEdges, pad_edges, padding_cell
 from .geometry import energy_forces_stress
+from .compile_cache import CacheKey, CompileCache
 from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList
 from .precision import check_precision, matmul_precision
+from .tracing import GraphRunner
 
 __all__ = [
     "InvalidAtomsError",
@@ -190,7 +194,9 @@ class TorchCalculator(Calculator):
     typically wrong units). ``precision`` (:mod:`fastcalc.precision`): ``"float32"``
     (default) keeps every float32 matrix product IEEE, even when torch's global TF32
     flags are on; ``"tf32"`` runs the network's own products on TF32 tensor cores (CUDA,
-    dtype float32), faster and less accurate.
+    dtype float32), faster and less accurate. ``cache_dir``: where compiled models are
+    stored for the next process (:mod:`fastcalc.compile_cache`; None: ``$FASTCALC_CACHE_DIR``
+    or ``~/.cache/fastcalc``; False: no disk cache).
 
     Stress is (1/V) dE/dε under a homogeneous strain ε of positions and cell, V the
     volume of the cell as given, whenever its three vectors are linearly independent,
@@ -205,7 +211,7 @@ class TorchCalculator(Calculator):
     #: What ``todict()`` (and so ASE's trajectories) records: the constructor's settings.
     default_parameters = {
         "device": None, "dtype": "float32", "precision": "float32", "skin": 0.5,
-        "max_neighbors": 4096,
+        "max_neighbors": 4096, "cache_dir": None,
     }
     #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
     #: tensors until the next search) instead of the pairs within the cutoff.
@@ -221,6 +227,7 @@ class TorchCalculator(Calculator):
         precision: str = "float32",
         skin: float = 0.5,
         max_neighbors: int = 4096,
+        cache_dir: str | Path | Literal[False] | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -234,8 +241,9 @@ class TorchCalculator(Calculator):
         self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
         self.parameters.update(
             device=str(self.device), dtype=dtype, precision=precision, skin=skin,
-            max_neighbors=max_neighbors,
+            max_neighbors=max_neighbors, cache_dir=None if cache_dir is None else str(cache_dir),
         )
+        self.cache_dir = cache_dir
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
         # numbers, cell and pbc of the last structure that passed, and whether it has a volume
         self._checked: tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None = None
@@ -263,6 +271,24 @@ class TorchCalculator(Calculator):
     def evaluate(self, system: System) -> Result:
         """Energy, forces and (if ``system.compute_stress``) stress of ``system``."""
         raise NotImplementedError
+
+    def model_digest(self) -> str:
+        """A digest of the model's weights and hyper-parameters (see
+        :func:`fastcalc.compile_cache.tensors_digest`), naming its compiled code on disk;
+        models that compile implement it."""
+        raise NotImplementedError
+
+    def graph_runner(self, fn: Callable[..., tuple[torch.Tensor, ...]], mode: str) -> GraphRunner:
+        """The :class:`fastcalc.tracing.GraphRunner` of ``fn`` in ``mode``, with this
+        calculator's disk cache of compiled models unless ``cache_dir`` is False."""
+        if mode == "eager" or self.cache_dir is False:
+            return GraphRunner(fn, mode)
+        return GraphRunner(fn, mode, CompileCache(self.cache_dir), self._cache_key)
+
+    def _cache_key(self) -> CacheKey:
+        """The disk cache key of this calculator's compiled model."""
+        mode = getattr(self, "compile_mode", "default")
+        return CacheKey.create(self.model_digest(), self.device, self.dtype, self.precision, mode)
 
     def _on_device(self, name: str, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         """Device copy of a host array that rarely changes (numbers, pbc): copied again only

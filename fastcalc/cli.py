@@ -1,5 +1,7 @@
 """The ``fastcalc`` command line: ``fastcalc md`` runs molecular dynamics with a model,
-``fastcalc bench`` times fastcalc against the upstream calculators.
+``fastcalc bench`` times fastcalc against the upstream calculators, ``fastcalc compile``
+fills the disk cache of compiled models ahead of time and ``fastcalc cache`` lists or
+clears it.
 
 A mistake in what the user asked for (a missing file, a misspelt model, an element the
 model lacks, an impossible run) is one line on stderr and exit status 2; ``--debug``
@@ -11,7 +13,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
@@ -19,12 +22,16 @@ from typing import NoReturn
 import torch
 from ase import Atoms
 from ase.io import read
+from ase.build import bulk
+from ase.data import chemical_symbols, covalent_radii
 from ase.io.formats import UnknownFileTypeError
 
 from . import __version__
 from .bench.suite import MODELS, run_benchmark, run_stream
 from .bench.timing import COPPER_REPEATS
 from .calculator import InvalidAtomsError
+from .compile_cache import CompileCache
+from .precision import PRECISIONS
 from .md import (
     ENSEMBLES,
     NPT_PRESSURE_GPA,
@@ -90,8 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fastcalc", formatter_class=_HelpFormatter,
         description="fastcalc md runs molecular dynamics with a model; fastcalc bench times "
-                    "fastcalc against the upstream calculators. A user's mistake is one line "
-                    "and exit status 2 (--debug shows its traceback).",
+                    "fastcalc against the upstream calculators; fastcalc compile and "
+                    "fastcalc cache manage the disk cache of compiled models. A user's "
+                    "mistake is one line and exit status 2 (--debug shows its traceback).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     common = _Parser(add_help=False)
@@ -118,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
                          f"npt: isotropic MTK at {NPT_PRESSURE_GPA:g} GPa")
     md.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                     help="the model's floating-point precision")
+    md.add_argument("--precision", choices=PRECISIONS, default="float32",
+                    help="tf32: the network's matrix products on TF32 tensor cores (CUDA)")
     md.add_argument("--output", metavar="FILE",
                     help="trajectory with energies and forces, every 10th step: "
                          f"{', '.join(TRAJECTORY_FORMATS)} (.xyz is extended XYZ)")
@@ -146,6 +156,31 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--small", action="store_true",
                        help="tiny models, 32 atoms or three small structures, 3 or 2 calls: "
                             "a smoke test")
+    compile_ = commands.add_parser(
+        "compile", parents=[common], formatter_class=_HelpFormatter,
+        help="compile a model into the disk cache, so that later processes start faster",
+        description="Compile MODEL once (one compilation serves every system size) and "
+                    "store it in the disk cache of compiled models, for example once per "
+                    "node before a job array. CUDA graphs are recorded by each process.",
+    )
+    compile_.add_argument("model", help=f"bundled model ({', '.join(DEMO_MODELS)}) or a model file")
+    compile_.add_argument("--task", help="UMA task (dataset head), e.g. omat or omol")
+    compile_.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                          help="the model's floating-point precision")
+    compile_.add_argument("--precision", choices=PRECISIONS, default="float32",
+                          help="tf32: the network's matrix products on TF32 tensor cores")
+    compile_.add_argument("--cache-dir", type=Path, metavar="FOLDER",
+                          help="the cache folder (default: $FASTCALC_CACHE_DIR or "
+                               "~/.cache/fastcalc)")
+    cache = commands.add_parser(
+        "cache", formatter_class=_HelpFormatter,
+        help="list or clear the disk cache of compiled models",
+    )
+    cache.add_argument("action", choices=("list", "clear"))
+    cache.add_argument("--cache-dir", type=Path, metavar="FOLDER",
+                       help="the cache folder (default: $FASTCALC_CACHE_DIR or "
+                            "~/.cache/fastcalc)")
+    cache.set_defaults(debug=False, threads=None)
     return parser
 
 
@@ -201,7 +236,8 @@ def _md(args: argparse.Namespace) -> None:
               ensemble=args.ensemble, trajectory=args.output)  # before the model loads
     device = _device(args.device)
     path = _model_path(args.model)
-    calculator = load_calculator(path, task=args.task, device=device, dtype=args.dtype)
+    calculator = load_calculator(path, task=args.task, device=device, dtype=args.dtype,
+                                 precision=args.precision)
     print(f"{len(atoms)} atoms, model {args.model} on {calculator.device} ({args.dtype}), "
           f"{args.ensemble} at {args.temperature:g} K, {args.timestep:g} fs steps")
     summary = run_md(
@@ -234,8 +270,51 @@ def _bench(args: argparse.Namespace) -> None:
                       out=out, small=args.small)
 
 
+def probe_structure(supported: Iterable[int] | None) -> Atoms:
+    """32 atoms of fcc of the lightest element a model supports, at nearest-neighbour
+    distance twice its covalent radius: something to compile on."""
+    number = min(supported) if supported else 29
+    a = 2 * 2**0.5 * covalent_radii[number]
+    return bulk(chemical_symbols[number], "fcc", a=a, cubic=True).repeat(2)
+
+
+def _compile(args: argparse.Namespace) -> None:
+    device = _device(args.device)
+    path = _model_path(args.model)
+    calculator = load_calculator(
+        path, task=args.task, device=device, dtype=args.dtype, compiled=True,
+        precision=args.precision, cache_dir=args.cache_dir,
+    )
+    atoms = probe_structure(calculator.supported_numbers)
+    atoms.calc = calculator
+    start = time.perf_counter()
+    atoms.get_forces()
+    stats = calculator.compile_stats
+    how = "loaded from the cache" if stats["from_cache"] else "compiled and stored"
+    print(f"{args.model} ({args.dtype}, precision {args.precision}, {calculator.compile_mode} "
+          f"on {calculator.device}): {how} in {time.perf_counter() - start:.1f} s, in "
+          f"{CompileCache(args.cache_dir).folder}")
+
+
+def _cache(args: argparse.Namespace) -> None:
+    cache = CompileCache(args.cache_dir)
+    if args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.folder}")
+        return
+    entries = cache.entries()
+    print(f"{len(entries)} compiled models in {cache.folder}")
+    for entry in entries:
+        key = entry.key or {"model": "unreadable entry"}
+        when = datetime.datetime.fromtimestamp(entry.modified)
+        details = ", ".join(f"{name} {key[name]}" for name in
+                            ("device", "dtype", "precision", "compile_mode", "torch") if name in key)
+        print(f"  {entry.path.name}  model {key['model'][:12]}  {details}  "
+              f"{entry.size / 2**20:.1f} MiB  {when:%Y-%m-%d %H:%M}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run ``fastcalc md`` or ``fastcalc bench`` with ``argv`` (default: the command line).
+    """Run ``fastcalc md``, ``bench``, ``compile`` or ``cache`` with ``argv`` (default: the
+    command line).
 
     A user error (:data:`USER_ERRORS`) ends in one line on stderr and ``SystemExit(2)``,
     or in its traceback with ``--debug``.
@@ -248,6 +327,10 @@ def main(argv: list[str] | None = None) -> None:
             _md(args)
         elif args.command == "bench":
             _bench(args)
+        elif args.command == "compile":
+            _compile(args)
+        elif args.command == "cache":
+            _cache(args)
     except USER_ERRORS as error:
         if args.debug:
             raise

@@ -32,14 +32,18 @@ def load_calculator(
     device: str | None = None,
     dtype: str = "float32",
     compiled: bool | None = None,
+    **options: object,
 ) -> Calculator:
     """The fastcalc calculator for a bundled model name or a model file.
 
     ``compiled=None`` compiles on CUDA (CUDA graphs) and runs eagerly on CPU,
-    where a first compilation takes about a minute.
+    where a first compilation takes about a minute. ``options`` go to the calculator
+    (``precision``, ``cache_dir``, ``skin``, ...).
     """
     path = resolve_model_path(model)
     mode = {None: "auto", True: "default", False: "eager"}[compiled]
     if mode == "default" and resolve_device(device).type == "cuda":
         mode = "reduce-overhead"
-    return family_of(path).build(path, task=task, device=device, dtype=dtype, compile_mode=mode)
+    return family_of(path).build(
+        path, task=task, device=device, dtype=dtype, compile_mode=mode, **options
+    )

@@ -41,10 +41,19 @@ class Builder(Protocol):
     """Builds a family's calculator for a model file."""
 
     def __call__(
-        self, path: Path, *, task: str | None, device: str | None, dtype: str, compile_mode: str
+        self,
+        path: Path,
+        *,
+        task: str | None,
+        device: str | None,
+        dtype: str,
+        compile_mode: str,
+        **options: object,
     ) -> Calculator:
-        """The calculator for the model at ``path``; a family without tasks raises
-        :class:`TaskNotSupportedError` for a ``task`` other than ``None``."""
+        """The calculator for the model at ``path``; ``options`` are further keyword
+        arguments of :class:`fastcalc.calculator.TorchCalculator` (``precision``,
+        ``cache_dir``, ...). A family without tasks raises :class:`TaskNotSupportedError`
+        for a ``task`` other than ``None``."""
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,21 @@ assertion on PET's graph (torch 2.11, CUDA).
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.fx
 import torch.fx.experimental._config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
+from tqdm.auto import tqdm
+
+from .compile_cache import CacheKey, CompileCache
 
 __all__ = [
     "COMPILE_MODES",
@@ -184,6 +191,38 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _inductor_cache_counts() -> tuple[int, int]:
+    """Inductor's FX graph cache (hits, misses) so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+
+_log = logging.getLogger("fastcalc")
+
+
+@contextmanager
+def _elapsed(description: str, delay: float = 3.0) -> Iterator[None]:
+    """A progress line counting the seconds of a long step, shown once it has taken
+    ``delay`` seconds (a silent minute looks like a hang) and removed at its end."""
+    done = threading.Event()
+
+    def show() -> None:
+        if done.wait(delay):
+            return
+        with tqdm(desc=description, bar_format="{desc}: {elapsed}", leave=False) as line:
+            while not done.wait(1.0):
+                line.refresh()
+
+    thread = threading.Thread(target=show, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 class GraphRunner:
     """The one compile-and-replay runtime of fastcalc's models.
 
@@ -198,46 +237,94 @@ class GraphRunner:
     (:func:`fastcalc.calculator.to_host`) before calling again. Gradients are enabled
     inside, since ``fn`` differentiates.
 
-    A copy or an unpickled runner holds ``fn`` and ``mode`` only (so ``fn`` must pickle:
-    a bound method or a module-level callable, not a closure): compiled code and CUDA
-    graphs belong to one process and one copy of the model's tensors, so the copy traces
-    and compiles anew at its first call, and its ``stats`` start from zero.
+    With a ``cache`` (:class:`fastcalc.compile_cache.CompileCache`) and ``key`` (called at
+    the first compilation, since a model's digest costs a pass over its weights), the
+    first compilation starts from the stored entry of that key when there is one, and
+    stores one when there is not. The first call logs where its time went at INFO level
+    (logger ``"fastcalc"``) and shows a progress line while it compiles.
+
+    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache`` and ``key`` only (so
+    ``fn`` and ``key`` must pickle: bound methods or module-level callables, not
+    closures): compiled code and CUDA graphs belong to one process and one copy of the
+    model's tensors, so the copy compiles anew at its first call (from the disk cache
+    when there is one), and its ``stats`` start from zero.
     """
 
-    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], mode: str) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., tuple[torch.Tensor, ...]],
+        mode: str,
+        cache: CompileCache | None = None,
+        key: Callable[[], CacheKey] | None = None,
+    ) -> None:
         if mode not in COMPILE_MODES[1:]:
             raise ValueError(f"GraphRunner takes a resolved mode {COMPILE_MODES[1:]}, got {mode!r}")
+        if (cache is None) != (key is None):
+            raise ValueError("GraphRunner takes both cache and key, or neither")
         self.fn = fn
         self.mode = mode
+        self.cache = cache
+        self.key = key
         self._run: Callable[..., tuple[torch.Tensor, ...]] | None = None
         self._compilations = 0
+        self._from_cache = False
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``fn(*inputs)`` with gradients on: eager, or compiled at the first call."""
         with torch.enable_grad():
             if self.mode == "eager":
                 return self.fn(*inputs)
-            before = compiled_graphs()
             if self._run is None:
-                compiled = CompiledGraph(trace(lambda *args: self.fn(*args), inputs))
-                self._run = CapturedGraphs(compiled) if self.mode == "reduce-overhead" else compiled
+                return self._first_call(inputs)
+            before = compiled_graphs()
             outputs = self._run(*inputs)
             self._compilations += compiled_graphs() - before
             return outputs
 
+    def _first_call(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Trace, compile (from the disk cache if it holds this model) and call."""
+        start = time.perf_counter()
+        key = self.key() if self.key is not None else None
+        loaded = self.cache is not None and self.cache.load(key)
+        found = time.perf_counter()
+        graph = trace(lambda *args: self.fn(*args), inputs)
+        traced = time.perf_counter()
+        compiled = CompiledGraph(graph)
+        self._run = CapturedGraphs(compiled) if self.mode == "reduce-overhead" else compiled
+        before, (hits, misses) = compiled_graphs(), _inductor_cache_counts()
+        source = "from the disk cache" if loaded else "no disk cache entry" if key else "no cache"
+        with _elapsed(f"fastcalc: compiling the model ({source})"):
+            outputs = self._run(*inputs)
+        self._compilations += compiled_graphs() - before
+        new_hits, new_misses = _inductor_cache_counts()
+        self._from_cache = loaded and new_hits > hits and new_misses == misses
+        if self.cache is not None and not self._from_cache:
+            self.cache.store(key)
+        _log.info(
+            "fastcalc: first compiled call %.1f s: disk cache %.1f s (%s), tracing %.1f s, "
+            "compiling and running %.1f s (%s)",
+            time.perf_counter() - start, found - start,
+            f"entry {self.cache.path(key)}" if key else "off", traced - found,
+            time.perf_counter() - traced,
+            "compiled code from the disk cache" if self._from_cache else "compiled anew",
+        )
+        return outputs
+
     def __getstate__(self) -> dict:
-        return {"fn": self.fn, "mode": self.mode}
+        return {"fn": self.fn, "mode": self.mode, "cache": self.cache, "key": self.key}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["fn"], state["mode"])
+        self.__init__(**state)
 
     @property
     def stats(self) -> dict[str, int]:
         """``compilations`` (torch.compile graphs made; 1 after the first compiled call),
-        ``cuda_graphs`` (recorded, one per padded shape) and ``recompiles`` (compilations
-        after the first, which should stay 0)."""
+        ``cuda_graphs`` (recorded, one per padded shape), ``recompiles`` (compilations
+        after the first, which should stay 0) and ``from_cache`` (1 when the compiled
+        code came from the disk cache: inductor generated none)."""
         return {
             "compilations": self._compilations,
             "cuda_graphs": getattr(self._run, "count", 0),
             "recompiles": max(self._compilations - 1, 0),
+            "from_cache": int(self._from_cache),
         }

@@ -180,3 +180,23 @@ def test_pet_demo_conserves_energy_over_200_nve_steps():
     summary = run_md(default_structure(), load_calculator("pet-demo-cu", device="cpu"),
                      steps=200, timestep_fs=2.0, temperature_K=300, progress=False)
     assert abs(summary.energy_drift_mev_per_atom) < 2.0
+
+
+def test_compile_fills_the_cache_that_a_later_calculator_starts_from(tmp_path, capsys):
+    """``fastcalc compile`` stores the model; ``cache list`` shows it, a calculator built
+    later compiles from it, and ``cache clear`` removes it."""
+    from fastcalc import CompiledPETCalculator
+
+    main(["compile", "pet-demo-cu", "--device", "cpu", "--cache-dir", str(tmp_path)])
+    assert "compiled and stored" in capsys.readouterr().out
+    main(["cache", "list", "--cache-dir", str(tmp_path)])
+    listed = capsys.readouterr().out
+    assert listed.startswith("1 compiled models in") and "dtype float32" in listed
+    atoms = bulk("Cu", cubic=True).repeat(2)
+    atoms.calc = CompiledPETCalculator(
+        "pet-demo-cu", device="cpu", compile_mode="default", cache_dir=tmp_path
+    )
+    atoms.get_forces()
+    assert atoms.calc.compile_stats["from_cache"] == 1
+    main(["cache", "clear", "--cache-dir", str(tmp_path)])
+    assert "removed 1 entries" in capsys.readouterr().out

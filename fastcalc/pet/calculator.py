@@ -29,7 +29,8 @@ from ..calculator import (
     to_host,
 )
 from ..registry import resolve_model_path
-from ..tracing import GraphRunner, resolve_compile_mode
+from ..compile_cache import tensors_digest
+from ..tracing import resolve_compile_mode
 from .core import PETCore
 from .energy import apply_reference
 from .layout import Candidates, sized_candidates
@@ -153,7 +154,7 @@ class CompiledPETCalculator(TorchCalculator):
         self.reference = metadata.reference()
         self._host_species = self.core.species_index.cpu().numpy()
         self.compile_mode = resolve_compile_mode(compile_mode, self.device)
-        self._runner = GraphRunner(StepGraph(self.core), self.compile_mode)
+        self._runner = self.graph_runner(StepGraph(self.core), self.compile_mode)
         name = str(model) if isinstance(model, (str, Path)) else "PETCore"
         self.parameters.update(model=name, compile_mode=compile_mode)
         self._topology: Topology | None = None
@@ -163,9 +164,13 @@ class CompiledPETCalculator(TorchCalculator):
 
     @property
     def compile_stats(self) -> dict[str, int]:
-        """``{"compilations", "cuda_graphs", "recompiles"}`` (see
+        """``{"compilations", "cuda_graphs", "recompiles", "from_cache"}`` (see
         :attr:`fastcalc.tracing.GraphRunner.stats`)."""
         return self._runner.stats
+
+    def model_digest(self) -> str:
+        """Digest of the core's weights and hyper-parameters (names its compiled code)."""
+        return tensors_digest(self.core.state_dict(), self.core.hypers)
 
     def _state(self, system: System) -> tuple[int, int]:
         """Checked (charge, spin multiplicity); (0, 1) for models without conditioning."""

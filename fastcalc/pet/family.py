@@ -29,14 +29,22 @@ def is_pet_file(path: Path) -> bool:
 
 
 def _build(
-    path: Path, *, task: str | None, device: str | None, dtype: str, compile_mode: str
+    path: Path,
+    *,
+    task: str | None,
+    device: str | None,
+    dtype: str,
+    compile_mode: str,
+    **options: object,
 ) -> CompiledPETCalculator:
     """PET has no tasks: a ``task`` is refused, so that it is not silently ignored."""
     if task is not None:
         raise TaskNotSupportedError(
             f"PET models have no tasks, got task {task!r} (tasks are UMA's dataset heads)"
         )
-    return CompiledPETCalculator(path, device=device, dtype=dtype, compile_mode=compile_mode)
+    return CompiledPETCalculator(
+        path, device=device, dtype=dtype, compile_mode=compile_mode, **options
+    )
 
 
 def _contest(folder: Path, device: str, small: bool) -> Contest:

@@ -19,7 +19,8 @@ from ..calculator import InvalidAtomsError, Result, System, TorchCalculator, to_
 from ..demo_models import FITTED_ELEMENTS
 from ..geometry import edge_vectors
 from ..registry import resolve_model_path
-from ..tracing import GraphRunner, resolve_compile_mode
+from ..compile_cache import tensors_digest
+from ..tracing import resolve_compile_mode
 from .checkpoint import UMACheckpoint, load_checkpoint
 from .core import UMACore
 from .graph import apply_neighbor_limit
@@ -141,7 +142,7 @@ class BucketedCalculator(TorchCalculator):
         self.core = core.to(device=self.device, dtype=self.dtype).requires_grad_(False)
         self.core.set_task(task_name)
         self.bucket_size = bucket_size
-        self._runner = GraphRunner(self.core.energy_and_gradients, self.compile_mode)
+        self._runner = self.graph_runner(self.core.energy_and_gradients, self.compile_mode)
         self.parameters.update(
             checkpoint=name, task_name=task_name, bucket_size=bucket_size, compile_mode=compile_mode
         )
@@ -165,9 +166,17 @@ class BucketedCalculator(TorchCalculator):
 
     @property
     def compile_stats(self) -> dict[str, int]:
-        """``{"compilations", "cuda_graphs", "recompiles"}`` (see
+        """``{"compilations", "cuda_graphs", "recompiles", "from_cache"}`` (see
         :attr:`fastcalc.tracing.GraphRunner.stats`)."""
         return self._runner.stats
+
+    def model_digest(self) -> str:
+        """Digest of the checkpoint's weights (experts unmerged) and hyper-parameters,
+        whatever composition the merged weights hold now (names its compiled code)."""
+        checkpoint = self.core._checkpoint
+        return tensors_digest(
+            checkpoint.weights, (checkpoint.backbone, checkpoint.heads, checkpoint.model_id)
+        )
 
     def _padded_numbers(self, numbers: torch.Tensor, atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``numbers`` padded to ``atoms`` (padded atoms repeat the first element) and the

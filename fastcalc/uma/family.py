@@ -23,10 +23,16 @@ def is_uma_file(path: Path) -> bool:
 
 
 def _build(
-    path: Path, *, task: str | None, device: str | None, dtype: str, compile_mode: str
+    path: Path,
+    *,
+    task: str | None,
+    device: str | None,
+    dtype: str,
+    compile_mode: str,
+    **options: object,
 ) -> BucketedCalculator:
     return BucketedCalculator(
-        path, task_name=task, device=device, dtype=dtype, compile_mode=compile_mode
+        path, task_name=task, device=device, dtype=dtype, compile_mode=compile_mode, **options
     )
 
 

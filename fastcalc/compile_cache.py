@@ -1,0 +1,207 @@
+"""A per-user disk cache of compiled models, so that the next process compiles from it.
+
+The first process that compiles a model stores torch's compile artifacts of that
+compilation (inductor's generated code and AOTAutograd's graphs, from
+``torch.compiler.save_cache_artifacts``) in one file; a later process on a machine with
+the same software and device loads them (``torch.compiler.load_cache_artifacts``) before
+compiling, so that inductor finds every kernel already generated and built. This works
+across machines that share the folder (a job array over nodes), where torch's own cache
+in ``/tmp`` does not. Tracing still runs in every process.
+
+Entries are named by a :class:`CacheKey`: the model's content (a digest of its weights
+and hyper-parameters, not its file name), fastcalc's, torch's and triton's versions, the
+device, and the dtype, precision and compile mode. An entry is written to a temporary
+file and renamed into place, so two processes filling it at once both succeed and no
+reader sees half a file; an entry that cannot be read or does not match its key is
+reported in one warning, removed and written again.
+
+The folder is ``$FASTCALC_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastcalc``, else
+``~/.cache/fastcalc``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["CACHE_ENV", "CacheKey", "CompileCache", "default_cache_dir", "tensors_digest"]
+
+#: Environment variable naming the cache folder.
+CACHE_ENV = "FASTCALC_CACHE_DIR"
+_SUFFIX = ".fastcalc-compiled"
+_MAGIC = b"fastcalc-compiled-1\n"
+
+
+def default_cache_dir() -> Path:
+    """``$FASTCALC_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastcalc``, else ``~/.cache/fastcalc``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "fastcalc"
+
+
+def tensors_digest(tensors: Mapping[str, torch.Tensor], extra: object = None) -> str:
+    """SHA-256 of named tensors (names, dtypes, shapes and values) and ``repr(extra)``
+    (hyper-parameters): the content of a model, whatever file it came from."""
+    digest = hashlib.sha256(repr(extra).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].detach()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
+    return f"{device.type} {platform.machine()}"
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return "none"
+    return triton.__version__
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What a compiled model depends on; entries are named by its digest."""
+
+    model: str  # tensors_digest of the model
+    fastcalc: str
+    torch: str
+    triton: str
+    device: str
+    dtype: str
+    precision: str
+    compile_mode: str
+
+    @classmethod
+    def create(
+        cls, model: str, device: torch.device, dtype: torch.dtype, precision: str, mode: str
+    ) -> CacheKey:
+        """The key of ``model`` (a digest) compiled here for ``device`` in ``dtype``."""
+        from . import __version__
+
+        return cls(
+            model=model,
+            fastcalc=__version__,
+            torch=torch.__version__,
+            triton=_triton_version(),
+            device=_device_name(device),
+            dtype=str(dtype).removeprefix("torch."),
+            precision=precision,
+            compile_mode=mode,
+        )
+
+    @property
+    def name(self) -> str:
+        """The entry's file name: a digest of every field."""
+        fields = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(fields).hexdigest()[:32] + _SUFFIX
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One stored compilation: its file, key, size in bytes and modification time."""
+
+    path: Path
+    key: dict
+    size: int
+    modified: float
+
+
+class CompileCache:
+    """The folder of stored compilations (see the module docstring)."""
+
+    def __init__(self, folder: str | Path | None = None) -> None:
+        self.folder = default_cache_dir() if folder is None else Path(folder).expanduser()
+
+    def path(self, key: CacheKey) -> Path:
+        """Where the entry of ``key`` lives."""
+        return self.folder / key.name
+
+    def load(self, key: CacheKey) -> bool:
+        """Hand the stored artifacts of ``key`` to torch's compile caches; False if there
+        are none. An unusable entry is reported in one warning and removed."""
+        path = self.path(key)
+        if not path.exists():
+            return False
+        try:
+            stored_key, artifacts = _read(path)
+            if stored_key != asdict(key):
+                raise ValueError("its key does not match")
+            torch.compiler.load_cache_artifacts(artifacts)
+        except Exception as error:  # any damage: report, drop, compile again
+            warnings.warn(
+                f"fastcalc: compile cache entry {path} is unusable ({error}); compiling "
+                "again and replacing it",
+                UserWarning,
+                stacklevel=2,
+            )
+            path.unlink(missing_ok=True)
+            return False
+        return True
+
+    def store(self, key: CacheKey) -> Path | None:
+        """Write what torch compiled in this process as the entry of ``key`` (atomically:
+        a temporary file renamed into place); None when torch recorded nothing."""
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            return None
+        header = json.dumps(
+            {"key": asdict(key), "sha256": hashlib.sha256(saved[0]).hexdigest()}
+        ).encode()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.folder, suffix=".tmp", delete=False) as file:
+            file.write(_MAGIC + header + b"\n" + saved[0])
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(file.name, self.path(key))
+        return self.path(key)
+
+    def entries(self) -> list[CacheEntry]:
+        """The stored compilations, newest first (unreadable ones with an empty key)."""
+        found = []
+        for path in self.folder.glob(f"*{_SUFFIX}"):
+            try:
+                key = _read(path)[0]
+            except Exception:
+                key = {}
+            stat = path.stat()
+            found.append(CacheEntry(path, key, stat.st_size, stat.st_mtime))
+        return sorted(found, key=lambda entry: entry.modified, reverse=True)
+
+    def clear(self, entries: Iterable[CacheEntry] | None = None) -> int:
+        """Remove ``entries`` (default: all, and stale temporary files); how many went."""
+        paths = [entry.path for entry in (self.entries() if entries is None else entries)]
+        if entries is None:  # temporary files of writers that died an hour ago or more
+            paths += [p for p in self.folder.glob("*.tmp") if time.time() - p.stat().st_mtime > 3600]
+        for path in paths:
+            path.unlink(missing_ok=True)
+        return len(paths)
+
+
+def _read(path: Path) -> tuple[dict, bytes]:
+    """The key and artifacts of an entry file; ValueError if it is damaged."""
+    data = path.read_bytes()
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a fastcalc compile cache file")
+    header, _, artifacts = data[len(_MAGIC):].partition(b"\n")
+    meta = json.loads(header)
+    if hashlib.sha256(artifacts).hexdigest() != meta["sha256"]:
+        raise ValueError("its contents do not match their checksum")
+    return meta["key"], artifacts

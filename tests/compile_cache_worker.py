@@ -1,0 +1,27 @@
+"""One process of the compile cache tests: compile the Morse graph of a copper crystal
+with the disk cache in ``sys.argv[1]`` and print its results and stats as JSON."""
+
+import json
+import sys
+
+import torch
+from test_tracing import crystal, graph_inputs, morse_efs
+
+from fastcalc.compile_cache import CacheKey, CompileCache
+from fastcalc.tracing import GraphRunner
+
+KEY = CacheKey.create("morse-test", torch.device("cpu"), torch.float64, "float32", "default")
+
+
+def key() -> CacheKey:
+    """The cache key of the Morse graph."""
+    return KEY
+
+
+if __name__ == "__main__":
+    runner = GraphRunner(morse_efs, "default", CompileCache(sys.argv[1]), key)
+    energy, forces, stress = runner(*graph_inputs(crystal((2, 2, 2))))
+    print(json.dumps({
+        "energy": float(energy), "forces": forces.tolist(), "stress": stress.tolist(),
+        "stats": runner.stats,
+    }))

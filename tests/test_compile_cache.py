@@ -1,0 +1,127 @@
+"""The disk cache of compiled models: a second process compiles from what the first
+stored, a damaged entry is reported and rebuilt, and two processes may fill one entry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_tracing import crystal, graph_inputs, morse_efs
+
+from fastcalc.compile_cache import CACHE_ENV, CacheKey, CompileCache, default_cache_dir
+
+WORKER = Path(__file__).with_name("compile_cache_worker.py")
+
+
+def start(cache: Path, inductor: Path) -> subprocess.Popen:
+    """A worker process with its own, empty, torch compile cache: only fastcalc's disk
+    cache can carry compiled code from one process to the next."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), str(cache)], cwd=WORKER.parent, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def finish(process: subprocess.Popen) -> tuple[dict, str]:
+    out, err = process.communicate(timeout=900)
+    assert process.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def run(cache: Path, inductor: Path) -> tuple[dict, str]:
+    return finish(start(cache, inductor))
+
+
+@pytest.fixture(scope="module")
+def eager() -> dict:
+    energy, forces, stress = morse_efs(*graph_inputs(crystal((2, 2, 2))))
+    return {"energy": float(energy), "forces": forces.detach(), "stress": stress.detach()}
+
+
+def assert_equal_to_eager(result: dict, eager: dict) -> None:
+    assert result["energy"] == pytest.approx(eager["energy"], rel=1e-12)
+    for name in ("forces", "stress"):
+        np.testing.assert_allclose(result[name], eager[name].numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory) -> Path:
+    """A cache folder holding the entry a first process stored."""
+    cache = tmp_path_factory.mktemp("cache")
+    result, _ = run(cache, tmp_path_factory.mktemp("inductor"))
+    assert result["stats"]["from_cache"] == 0
+    return cache
+
+
+def test_a_second_process_compiles_from_the_stored_entry(stored, tmp_path, eager):
+    (entry,) = CompileCache(stored).entries()
+    assert entry.key["model"] == "morse-test" and entry.key["torch"] == torch.__version__
+    result, _ = run(stored, tmp_path / "inductor")
+    assert result["stats"] == {
+        "compilations": 1, "cuda_graphs": 0, "recompiles": 0, "from_cache": 1
+    }  # dynamo traced once; inductor generated nothing
+    assert_equal_to_eager(result, eager)
+
+
+def test_a_damaged_entry_is_reported_rebuilt_and_results_stay_right(stored, tmp_path, eager):
+    (entry,) = CompileCache(stored).entries()
+    data = bytearray(entry.path.read_bytes())
+    data[-100:] = bytes(100)  # damage the artifacts
+    entry.path.write_bytes(bytes(data))
+    result, err = run(stored, tmp_path / "inductor")
+    warnings = [line for line in err.splitlines() if "compile cache entry" in line]
+    assert len(warnings) == 1 and "checksum" in warnings[0]
+    assert result["stats"]["from_cache"] == 0
+    assert_equal_to_eager(result, eager)
+    (rebuilt,) = CompileCache(stored).entries()
+    assert rebuilt.key["model"] == "morse-test"  # readable again
+
+
+def test_two_processes_filling_one_entry_both_succeed(tmp_path, eager):
+    cache = tmp_path / "cache"
+    processes = [start(cache, tmp_path / f"inductor-{i}") for i in range(2)]
+    for process in processes:
+        assert_equal_to_eager(finish(process)[0], eager)
+    (entry,) = CompileCache(cache).entries()
+    assert entry.key["model"] == "morse-test"
+    assert not list(cache.glob("*.tmp"))
+
+
+def test_an_entry_of_another_key_is_not_used(tmp_path):
+    cache = CompileCache(tmp_path)
+    key = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
+    other = CacheKey.create("b", torch.device("cpu"), torch.float64, "float32", "default")
+    assert cache.path(key) != cache.path(other)
+    assert not cache.load(key)  # nothing stored
+
+
+def test_a_file_that_is_not_an_entry_is_reported_and_removed(tmp_path):
+    cache = CompileCache(tmp_path)
+    key = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
+    cache.path(key).write_bytes(b"half a file")
+    with pytest.warns(UserWarning, match="is unusable .not a fastcalc compile cache file"):
+        assert not cache.load(key)
+    assert not cache.path(key).exists()
+
+
+def test_the_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "here"))
+    assert default_cache_dir() == tmp_path / "here"
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "fastcalc"
+
+
+def test_clear_removes_every_entry(stored, tmp_path):
+    copy = CompileCache(tmp_path)
+    for entry in CompileCache(stored).entries():
+        (tmp_path / entry.path.name).write_bytes(entry.path.read_bytes())
+    assert len(copy.entries()) == 1
+    assert copy.clear() == 1 and copy.entries() == []
