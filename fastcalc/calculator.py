@@ -175,8 +175,12 @@ class TorchCalculator(Calculator):
     ``cutoff`` is the model's interaction range in Å. ``skin`` (default 0.5 Å)
     is the Verlet skin of the neighbor list: the search is redone only after an
     atom moved more than ``skin / 2``; results do not depend on it.
-    ``max_neighbors`` bounds the neighbours per atom (an error beyond it,
-    typically wrong units).
+    ``max_neighbors`` bounds the neighbours per atom within ``cutoff + skin``: an
+    :class:`InvalidAtomsError` beyond it, typically wrong units. Absurd geometries (far
+    denser than matter, far more neighbours than the limit, a nearly degenerate cell) are
+    refused before the search from an estimate
+    (:func:`fastcalc.neighbors.estimate_crowding`), so they cannot hang it or run it out of
+    memory.
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
