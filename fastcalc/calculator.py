@@ -63,7 +63,8 @@ class System:
       ``pbc`` (3,) bool; ``numbers`` (N,) int64 atomic numbers, ``host_numbers`` the same
       on the host; ``system_index`` (N,) int64;
     - ``edge_index`` (2, E) int64 (row 0 the centre atom) and ``unit_shifts`` (E, 3) int64,
-      the pairs closer than the cutoff in ASE's ``"ijS"`` convention, or, for a model with
+      the pairs closer than the cutoff in ASE's ``"ijS"`` convention (less those of zero
+      length for a model with ``drops_zero_length_edges``), or, for a model with
       ``takes_candidates``, the Verlet candidates (pairs within cutoff + skin, the same
       tensors while ``search``, the neighbour list's search counter, stays the same);
       ``most_neighbors`` bounds the pairs of any one atom in that search;
@@ -191,6 +192,9 @@ class TorchCalculator(Calculator):
     #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
     #: tensors until the next search) instead of the pairs within the cutoff.
     takes_candidates = False
+    #: Leave pairs of zero length (coincident atoms) out of the edges handed to
+    #: :meth:`evaluate` (the candidates of ``takes_candidates`` keep them).
+    drops_zero_length_edges = False
 
     def __init__(
         self,
@@ -210,7 +214,9 @@ class TorchCalculator(Calculator):
         self.supported_numbers = None if supported_numbers is None else frozenset(supported_numbers)
         self.device = resolve_device(device)
         self.dtype = _DTYPES[dtype]
-        self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
+        self.neighbors = VerletNeighborList(
+            self.cutoff, skin, max_neighbors, drop_zero_length=self.drops_zero_length_edges
+        )
         self.parameters.update(
             device=str(self.device), dtype=dtype, skin=skin, max_neighbors=max_neighbors
         )

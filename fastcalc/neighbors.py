@@ -310,17 +310,25 @@ class VerletNeighborList:
     atom has moved more than ``skin / 2`` since the last search; otherwise the
     stored candidates are filtered to ``cutoff`` with the current positions. The
     returned edges are exactly those :func:`neighbor_list` would return for
-    ``cutoff`` (possibly in another order).
+    ``cutoff`` (possibly in another order); with ``drop_zero_length``, less the pairs of
+    zero length (coincident atoms), as fairchem's graphs leave them out. The candidates
+    keep them.
     """
 
     def __init__(
-        self, cutoff: float, skin: float = 0.5, max_neighbors: int | None = None
+        self,
+        cutoff: float,
+        skin: float = 0.5,
+        max_neighbors: int | None = None,
+        *,
+        drop_zero_length: bool = False,
     ) -> None:
         if cutoff <= 0 or skin < 0:
             raise ValueError(f"need cutoff > 0 and skin >= 0, got {cutoff=} and {skin=}")
         self.cutoff = float(cutoff)
         self.skin = float(skin)
         self.max_neighbors = max_neighbors
+        self.drop_zero_length = drop_zero_length
         self.searches = 0
         #: The most candidates any one atom has in the stored search (an upper bound on
         #: its pairs within the cutoff until the next search).
@@ -339,12 +347,14 @@ class VerletNeighborList:
         system_index: torch.Tensor | None = None,
         host: HostGeometry | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(edge_index, unit_shifts)`` of the pairs closer than ``cutoff``; ``host``
-        as for :meth:`candidates`."""
+        """``(edge_index, unit_shifts)`` of the pairs closer than ``cutoff`` (and longer
+        than zero with ``drop_zero_length``); ``host`` as for :meth:`candidates`."""
         edge_index, shifts = self.candidates(positions, cell, pbc, system_index, host)
-        if self.skin == 0:
+        if self.skin == 0 and not self.drop_zero_length:
             return edge_index, shifts
-        return _within(positions, cell, system_index, edge_index, shifts, self.cutoff)
+        return _within(
+            positions, cell, system_index, edge_index, shifts, self.cutoff, self.drop_zero_length
+        )
 
     def candidates(
         self,
@@ -420,13 +430,18 @@ def _within(
     edge_index: torch.Tensor,
     shifts: torch.Tensor,
     cutoff: float,
+    drop_zero_length: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The candidate edges that are shorter than ``cutoff`` now."""
+    """The candidate edges that are shorter than ``cutoff`` now (and, with
+    ``drop_zero_length``, longer than zero)."""
     i, j = edge_index
     if cell.ndim == 3:
         offsets = torch.einsum("ea,eab->eb", shifts.to(cell.dtype), cell[system_index[i]])
     else:
         offsets = shifts.to(cell.dtype) @ cell
     lengths = (positions[j] - positions[i] + offsets).norm(dim=1)
-    keep = torch.nonzero(lengths < cutoff).squeeze(1)  # one host synchronisation
+    within = lengths < cutoff
+    if drop_zero_length:
+        within &= lengths > 0
+    keep = torch.nonzero(within).squeeze(1)  # one host synchronisation
     return edge_index.index_select(1, keep), shifts.index_select(0, keep)

@@ -88,6 +88,10 @@ class BucketedCalculator(TorchCalculator):
         print(atoms.get_potential_energy(), atoms.get_forces()[0])
     """
 
+    #: fairchem's graphs leave out pairs of zero length (coincident atoms), whose direction
+    #: is undefined: the model sees them not at all, and no zero-length vector reaches
+    #: autograd (the gradient of its norm is NaN).
+    drops_zero_length_edges = True
     default_parameters = {
         **TorchCalculator.default_parameters,
         "task_name": None,

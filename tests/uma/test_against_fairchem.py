@@ -92,3 +92,40 @@ def test_task_switch_matches_fairchem(uma_checkpoints, reference_calculator):
     for task in ("omat", "oc20", "omol", "omat"):
         calc.set_task(task)
         assert_agree(evaluate(calc, atoms), evaluate(reference_calculator("variant", task), atoms))
+
+
+@pytest.mark.parametrize("kind", ["main", "variant"])
+@pytest.mark.parametrize("system", ["bulk", "molecule"])
+def test_coincident_atoms_give_fairchems_finite_results(kind, system, reference_calculator,
+                                                         our_calculator):
+    """A copy of an atom at its very position: fairchem leaves the zero-length pair out of
+    its graph (before its neighbour limit, which ``variant`` applies), and so do we,
+    instead of returning NaN."""
+    task, atoms = structures()[system]
+    atoms += atoms[[1]]
+    ours = evaluate(our_calculator(kind, task), atoms)
+    values = [ours.energy, ours.forces] + ([] if ours.stress is None else [ours.stress])
+    assert all(np.isfinite(value).all() for value in values)
+    assert_agree(ours, evaluate(reference_calculator(kind, task), atoms, stress=atoms.pbc.all()))
+
+
+def test_build_topology_leaves_coincident_pairs_out_as_fairchem_does(reference_calculator,
+                                                                     our_calculator):
+    """The core on build_topology's graph (no calculator) gives fairchem's finite energy."""
+    import torch
+
+    from fastcalc.uma.graph import build_topology
+
+    task, atoms = structures()["bulk"]
+    atoms += atoms[[1]]
+    core = our_calculator("variant", task).core
+    edge_index, unit_shifts = build_topology(
+        atoms.positions, atoms.cell.array, atoms.pbc, core.cutoff, core.max_neighbors
+    )
+    out = core.compute(
+        torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), torch.tensor(atoms.numbers),
+        edge_index, unit_shifts,
+    )
+    atoms.calc = reference_calculator("variant", task)
+    assert deviation(out["energy"].item(), atoms.get_potential_energy()) < RTOL
+    assert deviation(out["forces"].numpy(), atoms.get_forces()) < RTOL
