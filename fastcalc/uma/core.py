@@ -247,6 +247,12 @@ class UMACore(nn.Module):
             self.head_experts = {name: targets.index(target) for name, target in mapping.items()}
 
     @property
+    def supports_single_atoms(self) -> bool:
+        """Whether the checkpoint declares the model fit for one atom without periodic
+        boundaries (fairchem evaluates it only then)."""
+        return self._checkpoint.supports_single_atoms
+
+    @property
     def task(self) -> TaskSpec:
         """The task set by :meth:`set_task`: its name, normalisers and element references."""
         return self._task

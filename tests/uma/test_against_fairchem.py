@@ -129,3 +129,26 @@ def test_build_topology_leaves_coincident_pairs_out_as_fairchem_does(reference_c
     atoms.calc = reference_calculator("variant", task)
     assert deviation(out["energy"].item(), atoms.get_potential_energy()) < RTOL
     assert deviation(out["forces"].numpy(), atoms.get_forces()) < RTOL
+
+
+@pytest.mark.parametrize("kind", ["main", "variant"])
+@pytest.mark.parametrize("periodic", [False, True], ids=["isolated", "periodic"])
+def test_a_lone_atom_is_treated_as_fairchem_treats_it(kind, periodic, reference_calculator,
+                                                       our_calculator):
+    """Without periodic boundaries, fairchem evaluates one atom only for a checkpoint that
+    declares ``supports_single_atoms`` (``variant``) and otherwise refuses it (``main``:
+    a checkpoint file has no isolated-atom energies); in a periodic cell it evaluates it."""
+    from ase import Atoms
+
+    from fastcalc.calculator import InvalidAtomsError
+
+    task = "omat" if periodic else "omol"
+    atom = Atoms("Cu", positions=[[0.5, 1.0, 1.5]], cell=np.eye(3) * 12.0, pbc=periodic)
+    ours, reference = our_calculator(kind, task), reference_calculator(kind, task)
+    if kind == "main" and not periodic:
+        with pytest.raises(ValueError, match="no atom_refs"):
+            evaluate(reference, atom)
+        with pytest.raises(InvalidAtomsError, match="single Cu atom without periodic boundaries"):
+            evaluate(ours, atom)
+        return
+    assert_agree(evaluate(ours, atom), evaluate(reference, atom))
