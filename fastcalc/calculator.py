@@ -68,7 +68,8 @@ class System:
       ``pbc`` (3,) bool; ``numbers`` (N,) int64 atomic numbers, ``host_numbers`` the same
       on the host; ``system_index`` (N,) int64;
     - ``edge_index`` (2, E) int64 (row 0 the centre atom) and ``unit_shifts`` (E, 3) int64,
-      the pairs closer than the cutoff in ASE's ``"ijS"`` convention, or, for a model with
+      the pairs closer than the cutoff in ASE's ``"ijS"`` convention (less those of zero
+      length for a model with ``drops_zero_length_edges``), or, for a model with
       ``takes_candidates``, the Verlet candidates (pairs within cutoff + skin, the same
       tensors while ``search``, the neighbour list's search counter, stays the same);
       ``most_neighbors`` bounds the pairs of any one atom in that search;
@@ -190,8 +191,12 @@ class TorchCalculator(Calculator):
     ``cutoff`` is the model's interaction range in Å. ``skin`` (default 0.5 Å)
     is the Verlet skin of the neighbor list: the search is redone only after an
     atom moved more than ``skin / 2``; results do not depend on it.
-    ``max_neighbors`` bounds the neighbours per atom (an error beyond it,
-    typically wrong units). ``precision`` (:mod:`fastcalc.precision`): ``"float32"``
+    ``max_neighbors`` bounds the neighbours per atom within ``cutoff + skin``: an
+    :class:`InvalidAtomsError` beyond it, typically wrong units. Absurd geometries (far
+    denser than matter, far more neighbours than the limit, a nearly degenerate cell) are
+    refused before the search from an estimate
+    (:func:`fastcalc.neighbors.estimate_crowding`), so they cannot hang it or run it out of
+    memory. ``precision`` (:mod:`fastcalc.precision`): ``"float32"``
     (default) keeps every float32 matrix product IEEE, even when torch's global TF32
     flags are on; ``"tf32"`` runs the network's own products on TF32 tensor cores (CUDA,
     dtype float32), faster and less accurate. ``cache_dir``: where compiled models are
@@ -216,6 +221,9 @@ class TorchCalculator(Calculator):
     #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
     #: tensors until the next search) instead of the pairs within the cutoff.
     takes_candidates = False
+    #: Leave pairs of zero length (coincident atoms) out of the edges handed to
+    #: :meth:`evaluate` (the candidates of ``takes_candidates`` keep them).
+    drops_zero_length_edges = False
 
     def __init__(
         self,
@@ -238,7 +246,9 @@ class TorchCalculator(Calculator):
         self.device = resolve_device(device)
         self.dtype = _DTYPES[dtype]
         self.precision = check_precision(precision, self.dtype)
-        self.neighbors = VerletNeighborList(self.cutoff, skin, max_neighbors)
+        self.neighbors = VerletNeighborList(
+            self.cutoff, skin, max_neighbors, drop_zero_length=self.drops_zero_length_edges
+        )
         self.parameters.update(
             device=str(self.device), dtype=dtype, precision=precision, skin=skin,
             max_neighbors=max_neighbors, cache_dir=None if cache_dir is None else str(cache_dir),

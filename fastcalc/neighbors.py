@@ -5,6 +5,11 @@ with ``i`` the centre atom. :func:`neighbor_list` returns exactly the multiset o
 edges that ASE returns, for one system or a batch of systems, on CPU or CUDA.
 :class:`VerletNeighborList` adds a Verlet skin so that the search runs only when
 atoms have moved far enough to matter.
+
+Given ``max_neighbors``, a search is refused before it runs when an estimate made from
+the cell and the atoms' density (:func:`estimate_crowding`) shows a geometry no real
+structure has (wrong units, a nearly degenerate cell), and after it when an atom has
+more neighbours than that; both raise :class:`NeighborOverflowError`.
 """
 
 from __future__ import annotations
@@ -20,12 +25,33 @@ from .stderr_filter import NO_CUDA_DRIVER_NOTICE, dropping_stderr_lines
 with dropping_stderr_lines(NO_CUDA_DRIVER_NOTICE):  # warp's notice on CPU-only machines
     from nvalchemiops.torch.neighbors import neighbor_list as _nvalchemi_neighbor_list
 
-__all__ = ["HostGeometry", "NeighborOverflowError", "VerletNeighborList", "neighbor_list"]
+__all__ = [
+    "MAX_DENSITY",
+    "MAX_IMAGES",
+    "Crowding",
+    "HostGeometry",
+    "NeighborOverflowError",
+    "VerletNeighborList",
+    "estimate_crowding",
+    "neighbor_list",
+]
 
 #: Initial per-atom width of the neighbor matrix; widened on demand.
 _INITIAL_WIDTH = 64
 #: The neighbor matrix is widened in steps of this many columns.
 _WIDTH_STEP = 16
+#: Atoms per Å³ beyond which a search is refused before it runs: the densest solids have
+#: under 0.2 and hydrogen compressed to 500 GPa about 0.7, so only wrong units or piled-up
+#: atoms get there (and such a search can end out of memory).
+MAX_DENSITY = 2.0
+#: Periodic images of each atom beyond which a search is refused before it runs: a cell
+#: with heights that small next to the cutoff is nearly degenerate, and the search would
+#: hang visiting them (sensible cells need at most a few thousand).
+MAX_IMAGES = 100_000
+#: The estimated neighbours per atom are a mean: a crystal's true count can fall short of it
+#: by a shell of neighbours, a thin slab's by a layer, so before searching only an estimate
+#: this many times ``max_neighbors`` is refused (the search itself checks the exact count).
+_ESTIMATE_MARGIN = 2.0
 
 
 class NeighborOverflowError(ValueError):
@@ -49,7 +75,8 @@ def neighbor_list(
     the centre ``i``, row 1 the neighbour ``j``, global atom indices) and int64
     ``unit_shifts`` ``(E, 3)``. Cell vectors along non-periodic axes may be zero.
     Raises :class:`NeighborOverflowError` if an atom has more than
-    ``max_neighbors`` neighbours.
+    ``max_neighbors`` neighbours, or, before searching, if :func:`estimate_crowding`
+    finds a system far beyond that (see :data:`MAX_DENSITY` and :data:`MAX_IMAGES`).
     """
     return _search(positions, cell, pbc, cutoff, system_index, _INITIAL_WIDTH, max_neighbors)[:2]
 
@@ -76,6 +103,8 @@ def _search(
     if system_index is None:
         system_index = torch.zeros(n_atoms, dtype=torch.long, device=device)
     search_cells = _search_cells(positions, cells, pbcs, system_index, cutoff)
+    if max_neighbors is not None:
+        _refuse_crowded(positions, cells, pbcs, system_index, cutoff, max_neighbors)
     kwargs: dict = {"method": "cell_list"}
     if batched:
         counts = torch.bincount(system_index, minlength=cells.shape[0])
@@ -151,6 +180,108 @@ def _complement(periodic: list[torch.Tensor]) -> list[torch.Tensor]:
     return basis[len(periodic):]
 
 
+class Crowding(NamedTuple):
+    """What a search within ``radius`` would meet in one system, estimated before it runs
+    (:func:`estimate_crowding`)."""
+
+    neighbors: float  # mean neighbours per atom: density times the sphere's volume
+    density: float  # atoms per Å³ of the region the atoms occupy
+    heights: tuple[float, ...]  # the cell's heights along its periodic axes, Å
+    images: float  # periodic images of each atom the search visits
+
+
+def estimate_crowding(
+    positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, radius: float
+) -> Crowding:
+    """Neighbours per atom within ``radius``, density, cell heights and periodic images of
+    one system, from its cell and the atoms' extent, without searching.
+
+    The region the atoms occupy is the cell along periodic axes and, along the others, the
+    atoms' extent widened to at least ``2 * radius``; its mean density times the sphere's
+    volume is the mean count of a uniform system. Real structures have about that many
+    (crystals: within a shell of neighbours) or fewer (vacuum lowers the density; an extent
+    measured between atom centres raises it by at most a layer's spacing over
+    ``2 * radius``), so a large estimate means wrong units or piled-up atoms. A height ``h`` of
+    the cell (the distance between its lattice planes) makes the search visit
+    ``2 * ceil(radius / h) + 1`` images along that axis; a nearly degenerate cell has
+    tiny heights. The periodic vectors must be linearly independent.
+    """
+    return _crowding(len(positions), positions, cell, pbc, radius)
+
+
+def _crowding(
+    atoms: int, positions: np.ndarray | None, cell: np.ndarray, pbc: np.ndarray, radius: float
+) -> Crowding:
+    """:func:`estimate_crowding` of ``atoms`` atoms; ``positions`` are read only along
+    non-periodic axes (None will do for a fully periodic system)."""
+    cell = np.asarray(cell, dtype=np.float64)
+    pbc = np.asarray(pbc, dtype=bool)
+    periodic = [torch.from_numpy(vector) for vector in cell[pbc]]
+    normals = np.array([n.numpy() for n in _complement(periodic)]).reshape(-1, 3)
+    basis = np.vstack([cell[pbc], normals])  # periodic vectors, then unit normals
+    volume = abs(np.linalg.det(basis))  # of the periodic part: normals have unit length
+    heights = tuple(
+        float(volume / np.linalg.norm(np.cross(basis[(a + 1) % 3], basis[(a + 2) % 3])))
+        for a in range(int(pbc.sum()))
+    )
+    extents = np.zeros(len(normals))
+    if len(normals) and atoms:
+        coords = np.asarray(positions, dtype=np.float64) @ normals.T
+        extents = np.ptp(coords, axis=0)
+    region = volume * np.prod(np.maximum(extents, 2 * radius))
+    density = atoms / region
+    images = float(np.prod([2 * math.ceil(radius / h) + 1 for h in heights]))
+    return Crowding(density * 4 / 3 * math.pi * radius**3, density, heights, images)
+
+
+def _refuse_crowded(
+    positions: torch.Tensor,
+    cells: torch.Tensor,
+    pbcs: torch.Tensor,
+    system_index: torch.Tensor,
+    radius: float,
+    max_neighbors: int,
+) -> None:
+    """Raise :class:`NeighborOverflowError` before searching if a system is denser than
+    :data:`MAX_DENSITY`, makes the search visit more than :data:`MAX_IMAGES` images of
+    each atom, or is estimated to have far more than ``max_neighbors`` neighbours per atom.
+    Positions are copied to the host only for a system with a non-periodic axis, the
+    system index only for a batch: cheap next to the search."""
+    host_cells = cells.detach().cpu().double().numpy()
+    host_pbcs = pbcs.cpu().numpy()
+    index = None if len(host_cells) == 1 else system_index.cpu().numpy()
+    counts = [len(positions)] if index is None else np.bincount(index, minlength=len(host_cells))
+    host_positions = None if host_pbcs.all() else positions.detach().cpu().double().numpy()
+    for s, (cell, pbc) in enumerate(zip(host_cells, host_pbcs)):
+        coords = host_positions
+        if coords is not None and index is not None:
+            coords = coords[index == s]
+        crowding = _crowding(int(counts[s]), coords, cell, pbc, radius)
+        if crowding.images > MAX_IMAGES:
+            heights = ", ".join(f"{h:.3g}" for h in crowding.heights)
+            cause = (
+                f"the cell is nearly degenerate: its heights are {heights} Å, so the search "
+                f"would visit about {crowding.images:.2g} periodic images of each atom (the "
+                f"limit is {MAX_IMAGES:,}); check the cell vectors"
+            )
+        elif crowding.density > MAX_DENSITY:
+            cause = (
+                f"no matter is denser than about {MAX_DENSITY:g} atoms/Å³: are the positions "
+                "and the cell in Å, and are the atoms not piled up?"
+            )
+        elif crowding.neighbors > _ESTIMATE_MARGIN * max_neighbors:
+            cause = f"over {_ESTIMATE_MARGIN:g} times the limit: are the positions in Å?"
+        else:
+            continue
+        which = f" in system {s}" if len(host_cells) > 1 else ""
+        raise NeighborOverflowError(
+            f"refused before the neighbour search{which}: about {crowding.neighbors:,.0f} "
+            f"neighbours within {radius:g} Å expected per atom (a mean density of "
+            f"{crowding.density:.3g} atoms/Å³), against a limit of {max_neighbors} "
+            f"(max_neighbors); {cause}"
+        )
+
+
 class HostGeometry(NamedTuple):
     """Host (numpy) copies of positions, cell and pbc, for a staleness check that does
     not wait for the device."""
@@ -183,17 +314,25 @@ class VerletNeighborList:
     atom has moved more than ``skin / 2`` since the last search; otherwise the
     stored candidates are filtered to ``cutoff`` with the current positions. The
     returned edges are exactly those :func:`neighbor_list` would return for
-    ``cutoff`` (possibly in another order).
+    ``cutoff`` (possibly in another order); with ``drop_zero_length``, less the pairs of
+    zero length (coincident atoms), as fairchem's graphs leave them out. The candidates
+    keep them.
     """
 
     def __init__(
-        self, cutoff: float, skin: float = 0.5, max_neighbors: int | None = None
+        self,
+        cutoff: float,
+        skin: float = 0.5,
+        max_neighbors: int | None = None,
+        *,
+        drop_zero_length: bool = False,
     ) -> None:
         if cutoff <= 0 or skin < 0:
             raise ValueError(f"need cutoff > 0 and skin >= 0, got {cutoff=} and {skin=}")
         self.cutoff = float(cutoff)
         self.skin = float(skin)
         self.max_neighbors = max_neighbors
+        self.drop_zero_length = drop_zero_length
         self.searches = 0
         #: The most candidates any one atom has in the stored search (an upper bound on
         #: its pairs within the cutoff until the next search).
@@ -212,12 +351,14 @@ class VerletNeighborList:
         system_index: torch.Tensor | None = None,
         host: HostGeometry | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(edge_index, unit_shifts)`` of the pairs closer than ``cutoff``; ``host``
-        as for :meth:`candidates`."""
+        """``(edge_index, unit_shifts)`` of the pairs closer than ``cutoff`` (and longer
+        than zero with ``drop_zero_length``); ``host`` as for :meth:`candidates`."""
         edge_index, shifts = self.candidates(positions, cell, pbc, system_index, host)
-        if self.skin == 0:
+        if self.skin == 0 and not self.drop_zero_length:
             return edge_index, shifts
-        return _within(positions, cell, system_index, edge_index, shifts, self.cutoff)
+        return _within(
+            positions, cell, system_index, edge_index, shifts, self.cutoff, self.drop_zero_length
+        )
 
     def candidates(
         self,
@@ -293,13 +434,18 @@ def _within(
     edge_index: torch.Tensor,
     shifts: torch.Tensor,
     cutoff: float,
+    drop_zero_length: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The candidate edges that are shorter than ``cutoff`` now."""
+    """The candidate edges that are shorter than ``cutoff`` now (and, with
+    ``drop_zero_length``, longer than zero)."""
     i, j = edge_index
     if cell.ndim == 3:
         offsets = torch.einsum("ea,eab->eb", shifts.to(cell.dtype), cell[system_index[i]])
     else:
         offsets = shifts.to(cell.dtype) @ cell
     lengths = (positions[j] - positions[i] + offsets).norm(dim=1)
-    keep = torch.nonzero(lengths < cutoff).squeeze(1)  # one host synchronisation
+    within = lengths < cutoff
+    if drop_zero_length:
+        within &= lengths > 0
+    keep = torch.nonzero(within).squeeze(1)  # one host synchronisation
     return edge_index.index_select(1, keep), shifts.index_select(0, keep)

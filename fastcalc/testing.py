@@ -27,12 +27,16 @@ from ase.data import chemical_symbols
 from .calculator import InvalidAtomsError
 
 __all__ = [
-    "GROUPS", "Check", "Report", "Results", "Tolerances", "check_calculator", "deviation",
-    "deviations", "evaluate", "structures",
+    "GROUPS", "MAY_BE_REFUSED", "Check", "Report", "Results", "Tolerances", "check_calculator",
+    "deviation", "deviations", "evaluate", "structures",
 ]
 
 #: The groups of checks, in the order they run; ``skip`` names any of them.
 GROUPS = ("bad input", "structures", "translations", "finite differences", "reference")
+#: Structures a calculator may refuse with :class:`InvalidAtomsError` (their checks are then
+#: skipped, with the reason): fairchem's UMA refuses one atom without periodic boundaries
+#: unless the checkpoint declares it supported.
+MAY_BE_REFUSED = ("lone atom",)
 #: Deviations are relative to the largest expected component, or to this (eV, eV/Å,
 #: eV/Å³) when that is smaller, so that results near zero are compared absolutely.
 FLOOR = 1e-2
@@ -205,12 +209,18 @@ class _Checker:
     def record(self, name: str, status: Status, detail: str = "") -> None:
         self.checks.append(Check(name, status, detail))
 
-    def run(self, check: Callable[..., None], name: str, *args: object) -> None:
-        """``check(name, *args)``; an exception it did not expect fails it."""
+    def run(
+        self, check: Callable[..., None], name: str, *args: object, refusable: bool = False
+    ) -> None:
+        """``check(name, *args)``; an exception it did not expect fails it, except that
+        with ``refusable`` an :class:`InvalidAtomsError` skips it."""
         try:
             check(name, *args)
         except Exception as error:  # noqa: BLE001 (a calculator may fail any way: report it)
-            self.record(name, "failed", f"raised {type(error).__name__}: {error}")
+            if refusable and isinstance(error, InvalidAtomsError):
+                self.record(name, "skipped", f"the calculator refuses it: {error}")
+            else:
+                self.record(name, "failed", f"raised {type(error).__name__}: {error}")
 
     def within(self, name: str, errors: dict[str, float], tolerance: float) -> None:
         """Pass if every relative deviation in ``errors`` is at most ``tolerance``."""
@@ -348,7 +358,8 @@ def check_calculator(
       ``atoms.info`` that no model can use is refused the same way or ignored; after
       each, a good input gives the results it gave before.
     - ``"structures"``: finite results and forces summing to zero on each of
-      :func:`structures`.
+      :func:`structures` (a calculator may refuse those in :data:`MAY_BE_REFUSED` with
+      :class:`fastcalc.InvalidAtomsError`: their checks are then skipped).
     - ``"translations"``: moving one atom by a lattice vector, translating all atoms
       and wrapping atoms into the cell leave energy, forces and stress unchanged.
     - ``"finite differences"``: the forces on one atom (tiny triclinic cell, slab,
@@ -379,8 +390,11 @@ def check_calculator(
                         shapes["crystal"])
         elif group == "structures":
             for label, atoms in shapes.items():
-                checker.run(checker.finite, f"structures: finite results [{label}]", atoms)
-                checker.run(checker.balanced, f"structures: forces sum to zero [{label}]", atoms)
+                refusable = label in MAY_BE_REFUSED
+                checker.run(checker.finite, f"structures: finite results [{label}]", atoms,
+                            refusable=refusable)
+                checker.run(checker.balanced, f"structures: forces sum to zero [{label}]", atoms,
+                            refusable=refusable)
         elif group == "translations":
             for name, atoms, moved in _translations(shapes):
                 checker.run(checker.moved, name, atoms, moved)
@@ -395,7 +409,8 @@ def check_calculator(
             checker.record("reference: all", "skipped", "no reference calculator given")
         else:
             for label, atoms in shapes.items():
-                checker.run(checker.against, f"reference: agrees [{label}]", reference, atoms)
+                checker.run(checker.against, f"reference: agrees [{label}]", reference, atoms,
+                            refusable=label in MAY_BE_REFUSED)
     report = Report(tuple(checker.checks))
     failed = report.with_status("failed")
     if raise_on_failure and failed:

@@ -199,3 +199,41 @@ def test_a_copied_calculator_gives_the_same_results():
     expected = calc.get_forces(atoms)
     for other in (copy.deepcopy(calc), pickle.loads(pickle.dumps(calc))):
         np.testing.assert_array_equal(other.get_forces(atoms), expected)
+
+
+def thin_cell() -> Atoms:
+    """A third cell vector 1e-3 Å out of the plane of the other two."""
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    atoms.cell[2] = atoms.cell[0] + atoms.cell[1] + [0, 0, 1e-3]
+    return atoms
+
+
+def dense_box() -> Atoms:
+    """5000 atoms in a 10 Å box: 5 atoms/Å³, 60 times copper's density."""
+    positions = np.random.default_rng(0).random((5000, 3)) * 10.0
+    return Atoms("Cu5000", positions=positions, cell=np.eye(3) * 10.0, pbc=True)
+
+
+@pytest.mark.parametrize(
+    "absurd, cause",
+    [(thin_cell, r"nearly degenerate: its heights are 0\.001, 0\.001, 0\.001 Å"),
+     (dense_box, r"denser than about 2 atoms/Å³: are the positions and the cell in Å")],
+)
+def test_absurd_geometries_are_refused_at_once_and_the_calculator_goes_on(absurd, cause):
+    """Refused before any search (which would hang or run out of memory), naming the
+    estimate, the limit and the cause; the next structure is computed as usual."""
+    import time
+
+    calc = morse_calculator()
+    atoms = absurd()
+    atoms.calc = calc
+    start = time.perf_counter()
+    with pytest.raises(InvalidAtomsError, match=r"about [\d,]+ neighbours within 6\.22 Å "
+                       r"expected per atom .* limit of 4096 \(max_neighbors\); .*" + cause):
+        atoms.get_potential_energy()
+    assert time.perf_counter() - start < 5.0  # well under a second in practice
+    assert calc.neighbors.searches == 0
+    good = crystal()
+    good.calc = calc
+    assert good.get_potential_energy() == pytest.approx(
+        reference(good).get_potential_energy(), rel=1e-11)

@@ -130,6 +130,41 @@ def test_what_the_reference_cannot_compute_is_reported_as_skipped():
     assert all("periodic systems only" in detail for detail in skipped.values())
 
 
+class Refusing(PotentialCalculator):
+    """The Morse potential, refusing structures of ``size`` atoms with InvalidAtomsError."""
+
+    def __init__(self, size):
+        super().__init__(checked_morse().energy_fn, CUTOFF, device="cpu", dtype="float64",
+                         supported_numbers=COPPER)
+        self.size = size
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=()):
+        if len(atoms) == self.size:
+            raise InvalidAtomsError(f"{self.size} atoms are not for me")
+        super().calculate(atoms, properties, system_changes)
+
+
+def test_a_lone_atom_may_be_refused_but_no_other_structure():
+    """As fairchem's UMA refuses one atom without periodic boundaries: its checks are
+    skipped, with the reason; refusing the cluster (6 atoms) fails its checks."""
+    checks = only("structures", "reference")
+    report = check_calculator(Refusing(1), ase_morse(), skip=checks, raise_on_failure=False)
+    assert failed(report) == []
+    assert {check.name: check.detail for check in report.with_status("skipped")
+            if not check.name.endswith(": all")} == {
+        name: "the calculator refuses it: 1 atoms are not for me"
+        for name in ("structures: finite results [lone atom]",
+                     "structures: forces sum to zero [lone atom]",
+                     "reference: agrees [lone atom]")
+    }
+    report = check_calculator(Refusing(6), ase_morse(), skip=checks, raise_on_failure=False)
+    assert failed(report) == [
+        "structures: finite results [cluster]",
+        "structures: forces sum to zero [cluster]",
+        "reference: agrees [cluster]",
+    ]
+
+
 def test_any_ase_calculator_can_be_checked_without_the_bad_input_group():
     report = check_calculator(ase_morse(), numbers=COPPER, skip=["bad input"])
     assert report.with_status("failed") == []

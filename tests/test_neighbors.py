@@ -9,7 +9,14 @@ from ase.neighborlist import neighbor_list as ase_neighbor_list
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fastcalc.neighbors import NeighborOverflowError, neighbor_list
+from fastcalc.neighbors import (
+    MAX_DENSITY,
+    MAX_IMAGES,
+    NeighborOverflowError,
+    estimate_crowding,
+    neighbor_list,
+)
+from fastcalc.testing import structures
 
 
 def ours(atoms: Atoms, cutoff: float, **kwargs) -> list[tuple]:
@@ -83,9 +90,56 @@ def test_many_neighbours_are_all_found():
 
 
 def test_overflow_beyond_the_limit_is_an_error():
+    """About 45 neighbours per atom: searched (the estimate is not twice the limit),
+    then refused on the exact count."""
     atoms = rattled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2))
-    with pytest.raises(NeighborOverflowError, match="neighbours within 5 Å"):
+    with pytest.raises(NeighborOverflowError, match="has 4[2-9] neighbours within 5 Å"):
+        ours(atoms, 5.0, max_neighbors=40)
+
+
+def test_far_beyond_the_limit_is_refused_before_searching():
+    atoms = rattled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2))
+    with pytest.raises(NeighborOverflowError, match=r"before the neighbour search: about 45 "
+                       r"neighbours within 5 Å .*limit of 20 .*over 2 times the limit"):
         ours(atoms, 5.0, max_neighbors=20)
+
+
+AWKWARD = {**STRUCTURES, **{f"check_calculator's {name}": lambda atoms=atoms: atoms
+                            for name, atoms in structures([29, 79]).items()}}
+
+
+@pytest.mark.parametrize("name", AWKWARD)
+def test_the_estimate_never_refuses_a_sensible_structure(name):
+    """Far below every limit at a search radius of 6.5 Å (UMA's cutoff plus the skin), so
+    the default limits are safe for all of them."""
+    atoms = AWKWARD[name]()
+    crowding = estimate_crowding(atoms.positions, atoms.cell.array, atoms.pbc, 6.5)
+    assert crowding.neighbors < 250
+    assert crowding.density < MAX_DENSITY / 10
+    assert crowding.images < MAX_IMAGES / 100
+    ours(atoms, 6.5, max_neighbors=250)  # and the search with that limit passes
+
+
+@pytest.mark.parametrize("cutoff", [4.0, 6.0, 8.0])
+def test_the_estimate_is_about_the_mean_count_and_vacuum_does_not_raise_it(cutoff):
+    """Within 30 % of a crystal's mean number of neighbours per atom (which jumps by whole
+    shells); for a slab of the same crystal, at most about the crystal's estimate."""
+    crystal = rattled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(3))
+    found = len(ours(crystal, cutoff)) / len(crystal)
+    estimate = estimate_crowding(crystal.positions, crystal.cell.array, crystal.pbc, cutoff)
+    assert estimate.neighbors == pytest.approx(found, rel=0.3)
+    slab = fcc111("Cu", (3, 3, 4), a=3.6, vacuum=6.0)
+    slab.pbc = [True, True, False]
+    in_slab = estimate_crowding(slab.positions, slab.cell.array, slab.pbc, cutoff)
+    assert in_slab.neighbors < 1.1 * estimate.neighbors
+
+
+def test_a_thin_cell_names_its_heights_and_the_images():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    atoms.cell[2] = atoms.cell[0] + atoms.cell[1] + [0, 0, 1e-3]
+    with pytest.raises(NeighborOverflowError, match=r"nearly degenerate: its heights are "
+                       r"0\.001, 0\.001, 0\.001 Å.* about 1e\+12 periodic images"):
+        ours(atoms, 5.0, max_neighbors=4096)
 
 
 def test_degenerate_periodic_cell_is_an_error():
@@ -108,6 +162,22 @@ def test_batch_equals_systems_one_by_one():
         expected += [(i + offset, j + offset, *s) for i, j, *s in ase_edges(atoms, 4.0)]
         offset += len(atoms)
     assert got == sorted(expected)
+
+
+def test_a_batch_names_the_system_it_refuses():
+    """Each system is estimated on its own: a dense cluster (1500 atoms in a 3 Å cube, no
+    periodic axis) after a sensible mixed-pbc system, with the batch's limit."""
+    cluster = Atoms("H1500", positions=np.random.default_rng(2).random((1500, 3)) * 3.0)
+    systems = [STRUCTURES["mixed pbc"](), cluster]
+    positions = torch.tensor(np.concatenate([a.positions for a in systems]))
+    cells = torch.tensor(np.stack([a.cell.array for a in systems]))
+    pbcs = torch.tensor(np.stack([a.pbc for a in systems]))
+    system_index = torch.repeat_interleave(torch.arange(2), torch.tensor([len(a) for a in systems]))
+    neighbor_list(positions[:7], cells[:1], pbcs[:1], 4.0, system_index=system_index[:7],
+                  max_neighbors=4096)  # the first system alone passes
+    with pytest.raises(NeighborOverflowError, match=r"in system 1: about 785 neighbours "
+                       r"within 4 Å expected per atom \(a mean density of 2\.93 atoms/Å³\)"):
+        neighbor_list(positions, cells, pbcs, 4.0, system_index=system_index, max_neighbors=4096)
 
 
 @st.composite

@@ -1,6 +1,7 @@
 """The Verlet-skin neighbor list searches rarely and returns exactly the cutoff's edges."""
 
 import numpy as np
+import pytest
 import torch
 from ase.build import bulk
 from ase.neighborlist import neighbor_list as ase_neighbor_list
@@ -102,3 +103,22 @@ def test_host_geometry_decides_staleness_as_the_device_would():
     on_host(torch.tensor(atoms.positions), torch.tensor(atoms.cell.array),
             torch.tensor(atoms.pbc), host=host)
     assert on_host.searches == 4
+
+
+@pytest.mark.parametrize("skin", [0.0, SKIN])
+def test_zero_length_pairs_can_be_dropped_from_the_edges_not_the_candidates(skin):
+    """Two copies of atom 3 at its position: ASE pairs them at length 0 (both ways); with
+    ``drop_zero_length`` the edges are ASE's less those two, the candidates keep them."""
+    atoms = crystal()
+    atoms += atoms[[3]]
+    i, j, d, shifts = ase_neighbor_list("ijdS", atoms, CUTOFF)
+    kept = d > 0
+    expected = sorted(zip(i[kept].tolist(), j[kept].tolist(), *shifts[kept].T.tolist()))
+    assert (~kept).sum() == 2
+    nl = VerletNeighborList(CUTOFF, skin, drop_zero_length=True)
+    assert edges(nl, atoms) == expected
+    candidates, _ = nl.candidates(torch.tensor(atoms.positions), torch.tensor(atoms.cell.array),
+                                  torch.tensor(atoms.pbc))
+    pairs = set(zip(*candidates.tolist()))
+    assert (3, len(atoms) - 1) in pairs and (len(atoms) - 1, 3) in pairs
+    assert edges(VerletNeighborList(CUTOFF, skin), atoms) == ase_edges(atoms)  # the default

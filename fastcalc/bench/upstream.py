@@ -192,7 +192,12 @@ def _tasks_config(seed: int, consistent_stress: bool) -> list:
 
 
 def build_checkpoint(
-    path: Path, backbone: dict, model_id: str, seed: int, consistent_stress: bool = False
+    path: Path,
+    backbone: dict,
+    model_id: str,
+    seed: int,
+    consistent_stress: bool = False,
+    supports_single_atoms: bool = False,
 ) -> BuiltCheckpoint:
     """Instantiate a fairchem HydraModel, randomise it and save an inference checkpoint.
 
@@ -200,7 +205,9 @@ def build_checkpoint(
     EMA weights differ from the raw weights so that using the wrong set is detected.
     The stress normaliser differs from the energy's, so that using the wrong one is
     detected too, unless ``consistent_stress``: then, as in trained checkpoints, the
-    stress is the strain derivative of the energy.
+    stress is the strain derivative of the energy. ``supports_single_atoms`` is recorded
+    in the model config, as UMA-S-1.2 does: fairchem then evaluates the model on one atom
+    without periodic boundaries instead of refusing it.
     """
     with _needs("fairchem-core"):
         import hydra
@@ -222,6 +229,8 @@ def build_checkpoint(
         "pass_through_head_outputs": True,
         "model_id": model_id,
     }
+    if supports_single_atoms:
+        model_config["supports_single_atoms"] = True
     model = hydra.utils.instantiate(copy.deepcopy(model_config))
     gen = torch.Generator().manual_seed(seed + 1)
     raw = {}

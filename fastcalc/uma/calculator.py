@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from ase import Atoms
 
 from ..buckets import atom_mask, pad_atoms, pad_edges, padded_size
 from ..calculator import InvalidAtomsError, Result, System, TorchCalculator, to_host
@@ -101,6 +102,10 @@ class BucketedCalculator(TorchCalculator):
     """
 
     implemented_properties = [*TorchCalculator.implemented_properties, "energies"]
+    #: fairchem's graphs leave out pairs of zero length (coincident atoms), whose direction
+    #: is undefined: the model sees them not at all, and no zero-length vector reaches
+    #: autograd (the gradient of its norm is NaN).
+    drops_zero_length_edges = True
     default_parameters = {
         **TorchCalculator.default_parameters,
         "task_name": None,
@@ -148,6 +153,21 @@ class BucketedCalculator(TorchCalculator):
         )
         # (numbers on the device, padded atoms, padded numbers, atom mask)
         self._padded: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
+
+    def _check_structure(self, atoms: Atoms) -> None:
+        """The base checks, then fairchem's rule for one atom without periodic boundaries:
+        the model is evaluated on it only if the checkpoint declares
+        ``supports_single_atoms``. Otherwise fairchem returns a tabulated isolated-atom
+        energy (``atom_refs`` of its pretrained-model registry, not in the checkpoint) or
+        raises; so does this calculator."""
+        super()._check_structure(atoms)
+        if len(atoms) == 1 and not atoms.pbc.any() and not self.core.supports_single_atoms:
+            raise InvalidAtomsError(
+                f"a single {atoms.get_chemical_symbols()[0]} atom without periodic boundaries: "
+                "this UMA checkpoint does not declare supports_single_atoms, so, as in "
+                "fairchem, the model is not evaluated on it; fairchem's pretrained-model "
+                "registry gives isolated-atom energies (atom_refs) for such atoms instead"
+            )
 
     @property
     def task_name(self) -> str:

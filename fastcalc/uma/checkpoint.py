@@ -142,6 +142,9 @@ class UMACheckpoint:
     model_id: str | None
     weights: dict[str, torch.Tensor]  # EMA weights, keys as in the fairchem model
     tasks: dict[str, TaskSpec]
+    #: Whether the model may be evaluated on one atom without periodic boundaries
+    #: (``model_config["supports_single_atoms"]``; fairchem refuses such an atom otherwise).
+    supports_single_atoms: bool = False
 
     def task(self, name: str) -> TaskSpec:
         """The task called ``name``; raises :class:`UnknownTaskError` listing valid names."""
@@ -234,4 +237,5 @@ def load_checkpoint(path: str | Path) -> UMACheckpoint:
         model_id=model_config.get("model_id"),
         weights=_strip_ema_prefix(ema),
         tasks=tasks,
+        supports_single_atoms=bool(model_config.get("supports_single_atoms", False)),
     )

@@ -10,6 +10,9 @@ that forces and stress come from one autograd pass.
 * ``unit_shifts`` (E, 3) int64: lattice shifts ``S``; the edge vector is
   ``r_ij = positions[j] - positions[i] + S @ cell`` (ASE ``"ijS"`` convention).
   (fairchem stores the same edge as ``edge_index = [[j], [i]]``, source first.)
+  No edge may have zero length (coincident atoms): its direction is undefined and its
+  gradient NaN. fairchem's graphs leave such pairs out, and so do
+  :func:`fastcalc.uma.graph.build_topology` and the calculator's neighbour list.
 * ``edge_mask`` (E,) bool, optional: False marks padding.  A padded edge is
   given a fixed vector longer than the cutoff, so the smooth envelope makes its
   contribution exactly zero and no zero-length vector ever reaches autograd.
@@ -242,6 +245,12 @@ class UMACore(nn.Module):
             mapping = config.get("dataset_mapping") or {n: n for n in config["dataset_names"]}
             targets = sorted(set(mapping.values()))
             self.head_experts = {name: targets.index(target) for name, target in mapping.items()}
+
+    @property
+    def supports_single_atoms(self) -> bool:
+        """Whether the checkpoint declares the model fit for one atom without periodic
+        boundaries (fairchem evaluates it only then)."""
+        return self._checkpoint.supports_single_atoms
 
     @property
     def task(self) -> TaskSpec:

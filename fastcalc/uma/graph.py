@@ -67,13 +67,17 @@ def build_topology(
     max_neighbors: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neighbour list within ``cutoff`` (:func:`fastcalc.neighbors.neighbor_list`, on the
-    CPU in float64) filtered by fairchem's ``max_neighbors`` rule."""
+    CPU in float64) without pairs of zero length (coincident atoms), then filtered by
+    fairchem's ``max_neighbors`` rule: fairchem's graph, in that order."""
     pos = torch.as_tensor(positions, dtype=torch.float64)
     lattice = torch.as_tensor(cell, dtype=torch.float64)
     edge_index, unit_shifts = neighbor_list(
         pos, lattice, torch.as_tensor(np.asarray(pbc, dtype=bool)), float(cutoff)
     )
     vectors = pos[edge_index[1]] - pos[edge_index[0]] + unit_shifts.double() @ lattice
+    squared_lengths = vectors.square().sum(-1)
+    nonzero = squared_lengths > 0
     return apply_neighbor_limit(
-        edge_index, unit_shifts, vectors.square().sum(-1), len(positions), max_neighbors
+        edge_index[:, nonzero], unit_shifts[nonzero], squared_lengths[nonzero], len(positions),
+        max_neighbors,
     )

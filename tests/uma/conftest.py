@@ -22,8 +22,9 @@ def uma_checkpoints(tmp_path_factory) -> dict[str, BuiltCheckpoint]:
     embeddings, ``model_id = "UMA-S-1.2"`` (whose composition mean includes an extra zero
     row), many neighbours allowed. ``variant``: lmax = 3, mmax = 1, ``pos_emb`` charge/spin
     embeddings, no composition embedding, "pnorm" expert coefficients, experts in the
-    second block only, and a small ``max_neighbors`` so that fairchem's neighbour-limiting
-    rule is exercised.
+    second block only, a small ``max_neighbors`` so that fairchem's neighbour-limiting
+    rule is exercised, and ``supports_single_atoms`` (fairchem refuses a lone atom
+    without periodic boundaries for ``main``, evaluates it for ``variant``).
     """
     folder = tmp_path_factory.mktemp("uma_checkpoints")
     return {
@@ -41,6 +42,7 @@ def uma_checkpoints(tmp_path_factory) -> dict[str, BuiltCheckpoint]:
             ),
             "UMA-S-1.2.1",
             seed=23,
+            supports_single_atoms=True,
         ),
     }
 

@@ -103,3 +103,62 @@ def test_per_atom_energies_are_fairchems_node_energies(kind, system, reference_c
     assert energies.shape == (len(atoms),)
     assert deviation(energies, expected) < RTOL
     assert deviation(energies.sum(), energy) < RTOL
+
+
+@pytest.mark.parametrize("system", ["bulk", "molecule"])
+def test_coincident_atoms_give_fairchems_finite_results(kind, system, reference_calculator,
+                                                         our_calculator):
+    """A copy of an atom at its very position: fairchem leaves the zero-length pair out of
+    its graph (before its neighbour limit, which ``variant`` applies), and so do we,
+    instead of returning NaN."""
+    task, atoms = structures()[system]
+    atoms += atoms[[1]]
+    ours = evaluate(our_calculator(kind, task), atoms)
+    values = [ours.energy, ours.forces] + ([] if ours.stress is None else [ours.stress])
+    assert all(np.isfinite(value).all() for value in values)
+    assert_agree(ours, evaluate(reference_calculator(kind, task), atoms, stress=atoms.pbc.all()))
+
+
+def test_build_topology_leaves_coincident_pairs_out_as_fairchem_does(reference_calculator,
+                                                                     our_calculator):
+    """The core on build_topology's graph (no calculator) gives fairchem's finite energy."""
+    import torch
+
+    from fastcalc.uma.graph import build_topology
+
+    task, atoms = structures()["bulk"]
+    atoms += atoms[[1]]
+    core = our_calculator("variant", task).core
+    edge_index, unit_shifts = build_topology(
+        atoms.positions, atoms.cell.array, atoms.pbc, core.cutoff, core.max_neighbors
+    )
+    out = core.compute(
+        torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), torch.tensor(atoms.numbers),
+        edge_index, unit_shifts,
+    )
+    atoms.calc = reference_calculator("variant", task)
+    assert deviation(out["energy"].item(), atoms.get_potential_energy()) < RTOL
+    assert deviation(out["forces"].numpy(), atoms.get_forces()) < RTOL
+
+
+@pytest.mark.parametrize("kind", ["main", "variant"])
+@pytest.mark.parametrize("periodic", [False, True], ids=["isolated", "periodic"])
+def test_a_lone_atom_is_treated_as_fairchem_treats_it(kind, periodic, reference_calculator,
+                                                       our_calculator):
+    """Without periodic boundaries, fairchem evaluates one atom only for a checkpoint that
+    declares ``supports_single_atoms`` (``variant``) and otherwise refuses it (``main``:
+    a checkpoint file has no isolated-atom energies); in a periodic cell it evaluates it."""
+    from ase import Atoms
+
+    from fastcalc.calculator import InvalidAtomsError
+
+    task = "omat" if periodic else "omol"
+    atom = Atoms("Cu", positions=[[0.5, 1.0, 1.5]], cell=np.eye(3) * 12.0, pbc=periodic)
+    ours, reference = our_calculator(kind, task), reference_calculator(kind, task)
+    if kind == "main" and not periodic:
+        with pytest.raises(ValueError, match="no atom_refs"):
+            evaluate(reference, atom)
+        with pytest.raises(InvalidAtomsError, match="single Cu atom without periodic boundaries"):
+            evaluate(ours, atom)
+        return
+    assert_agree(evaluate(ours, atom), evaluate(reference, atom))

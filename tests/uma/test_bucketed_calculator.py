@@ -26,20 +26,30 @@ SMALL = dict(num_layers=1, sphere_channels=8, hidden_channels=8, edge_channels=8
 @pytest.fixture(scope="module")
 def consistent(tmp_path_factory):
     """A small checkpoint whose stress is the strain derivative of its energy (the shared
-    fixtures' stress normaliser differs on purpose)."""
+    fixtures' stress normaliser differs on purpose) and which declares single atoms
+    supported, so that fairchem evaluates a lone atom too."""
     path = tmp_path_factory.mktemp("consistent") / "consistent.pt"
-    build_checkpoint(path, default_backbone(**SMALL), "UMA-S-1.2", seed=3, consistent_stress=True)
+    build_checkpoint(path, default_backbone(**SMALL), "UMA-S-1.2", seed=3, consistent_stress=True,
+                     supports_single_atoms=True)
     return path
 
 
 def test_passes_check_calculator_against_fairchem(consistent):
-    """Eager float64 on a small checkpoint whose stress is the strain derivative of its
-    energy."""
+    """Eager float64 on the consistent checkpoint: nothing skipped."""
     calc = BucketedCalculator(consistent, task_name="omat", dtype="float64", device="cpu")
     report = check_calculator(calc, fairchem_calculator(consistent, "omat"), numbers=[29, 79])
-    skipped = report.with_status("skipped")
-    assert [check.name for check in skipped] == ["reference: agrees [lone atom]"]
-    assert "no atom_refs" in skipped[0].detail  # fairchem needs element references for it
+    assert report.with_status("skipped") == []
+
+
+def test_check_calculator_skips_the_lone_atom_that_fairchem_refuses(uma_checkpoints):
+    """Without supports_single_atoms both refuse one atom without periodic boundaries."""
+    path = uma_checkpoints["main"].path
+    calc = BucketedCalculator(path, task_name="omat", dtype="float64", device="cpu")
+    report = check_calculator(calc, numbers=[29], skip=["bad input", "translations",
+                                                        "finite differences", "reference"])
+    assert report.with_status("failed") == []
+    skipped = [check for check in report.with_status("skipped") if "lone atom" in check.name]
+    assert len(skipped) == 2 and all("refuses it" in check.detail for check in skipped)
 
 
 def test_task_name_required_when_ambiguous(uma_checkpoints):
