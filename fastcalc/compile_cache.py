@@ -158,19 +158,29 @@ class CompileCache:
 
     def store(self, key: CacheKey) -> Path | None:
         """Write what torch compiled in this process as the entry of ``key`` (atomically:
-        a temporary file renamed into place); None when torch recorded nothing."""
+        a temporary file renamed into place); None when torch recorded nothing or the
+        folder cannot be written (reported in one warning: the model runs regardless)."""
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:
             return None
         header = json.dumps(
             {"key": asdict(key), "sha256": hashlib.sha256(saved[0]).hexdigest()}
         ).encode()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=self.folder, suffix=".tmp", delete=False) as file:
-            file.write(_MAGIC + header + b"\n" + saved[0])
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(file.name, self.path(key))
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.folder, suffix=".tmp", delete=False) as file:
+                file.write(_MAGIC + header + b"\n" + saved[0])
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(file.name, self.path(key))
+        except OSError as error:
+            warnings.warn(
+                f"fastcalc: cannot store the compiled model in {self.folder} ({error}); "
+                f"set {CACHE_ENV} or cache_dir= to a writable folder, or cache_dir=False",
+                UserWarning,
+                stacklevel=2,
+            )
+            return None
         return self.path(key)
 
     def entries(self) -> list[CacheEntry]:

@@ -125,3 +125,12 @@ def test_clear_removes_every_entry(stored, tmp_path):
         (tmp_path / entry.path.name).write_bytes(entry.path.read_bytes())
     assert len(copy.entries()) == 1
     assert copy.clear() == 1 and copy.entries() == []
+
+
+def test_a_folder_that_cannot_be_written_is_reported_and_nothing_breaks(tmp_path, monkeypatch):
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    key = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
+    with pytest.warns(UserWarning, match="cannot store the compiled model"):
+        assert CompileCache(blocked / "cache").store(key) is None
