@@ -27,7 +27,7 @@ from ase.data import chemical_symbols, covalent_radii
 from ase.io.formats import UnknownFileTypeError
 
 from . import __version__
-from .bench.suite import MODELS, run_benchmark, run_stream
+from .bench.suite import MODELS, run_benchmark, run_first_result, run_stream
 from .bench.timing import COPPER_REPEATS
 from .calculator import InvalidAtomsError
 from .compile_cache import CompileCache
@@ -48,7 +48,7 @@ from .uma import NotUMACheckpointError, UnknownTaskError
 __all__ = ["USER_ERRORS", "WORKLOADS", "UsageError", "default_out", "main"]
 
 #: What ``fastcalc bench`` times.
-WORKLOADS = ("sizes", "stream")
+WORKLOADS = ("sizes", "stream", "first-result")
 
 
 class UsageError(Exception):
@@ -142,7 +142,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="PET-S- or UMA-S-shaped random model, or both")
     bench.add_argument("--workload", choices=WORKLOADS, default="sizes",
                        help="sizes: fcc copper at each size; stream: one calculator "
-                            "over a list of different structures")
+                            "over a list of different structures; first-result: fresh "
+                            "processes to their first result, compile caches cold and warm")
     bench.add_argument("--sizes", type=int, nargs="+", choices=sorted(COPPER_REPEATS),
                        metavar="N", help="atom counts of fcc copper (default: 64 108 1008)")
     bench.add_argument("--calls", type=_at_least(1), metavar="N",
@@ -258,6 +259,9 @@ def _bench(args: argparse.Namespace) -> None:
     out = args.out or default_out(datetime.datetime.now())
     print(f"fastcalc bench: writing into {out}", flush=True)
     names = list(MODELS) if args.model == "all" else [args.model]
+    if args.workload == "first-result":
+        run_first_result(names, device=device, out=out, small=args.small)
+        return
     if args.workload == "stream":
         calls = args.calls if args.calls is not None else (2 if args.small else 10)
         run_stream(names, device=device, calls=calls, out=out, small=args.small)

@@ -195,3 +195,18 @@ def test_a_missing_upstream_package_is_named(build, module, package, tmp_path, m
         monkeypatch.setitem(sys.modules, name, None)  # importing it now fails
     with pytest.raises(ModuleNotFoundError, match=f"pip install {package}"):
         build(tmp_path / "model.pt")
+
+
+def test_first_result_runs_fresh_processes_with_caches_cold_and_warm(tmp_path, capsys):
+    """On CPU fastcalc runs eagerly, so this checks the machinery: four fresh processes,
+    their records and the table."""
+    main(["bench", "pet", "--workload", "first-result", "--small", "--device", "cpu",
+          "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "first_result.json").read_text())
+    assert [(row["impl"], row["cache"]) for row in rows] == [
+        ("fastcalc", "cold"), ("fastcalc", "warm"), ("metatomic", "cold"), ("metatomic", "warm")
+    ]
+    for row in rows:
+        assert (row["model"], row["natoms"], row["gpu"]) == ("pet-tiny-random", 32, "cpu")
+        assert 0 < row["first_result_s"] < 600
+    assert "| model | atoms | impl | compile caches | first result s |" in capsys.readouterr().out

@@ -9,6 +9,9 @@ are checked to agree. Two workloads, everything in float32 with TF32 off:
   ``{out}/{pet,uma}.json`` and a plot next to them.
 - ``stream`` (``run_stream``): ``time_stream``, one calculator per implementation over
   a list of different structures; records in ``{out}/stream.json`` and ``stream.png``.
+- ``first-result`` (``run_first_result``): ``time_first_results``, fresh processes from
+  start to first result, compile caches cold and warm; records in
+  ``{out}/first_result.json``.
 
 - PET: metatrain's PET (Cu and Ag), exported to a metatomic ``.pt``. fastcalc's
   ``CompiledPETCalculator`` (default compile mode: CUDA graphs on CUDA) against
@@ -39,6 +42,7 @@ from tqdm.auto import tqdm
 from ..pet import CompiledPETCalculator
 from ..registry import families
 from ..uma import BucketedCalculator
+from .first_result import FirstResultRecord, time_first_results
 from .stream import StreamRecord, plot_stream, stream_structures, time_stream
 from .timing import (
     BenchRecord,
@@ -65,6 +69,7 @@ __all__ = [
     "check_agreement",
     "pet_contest",
     "run_benchmark",
+    "run_first_result",
     "run_stream",
     "uma_contest",
 ]
@@ -104,6 +109,7 @@ class Contest:
     """
 
     model: str
+    path: Path  # the model file
     upstream: str
     reference: Callable[[], Calculator]  # eager upstream, for the agreement check
     eager: Callable[[], Calculator]  # eager fastcalc, for the agreement check
@@ -134,6 +140,7 @@ def pet_contest(folder: Path, device: str, small: bool) -> Contest:
     }
     return Contest(
         model="pet-tiny-random" if small else "pet-s-random",
+        path=path,
         upstream="metatomic",
         reference=lambda: metatomic_calculator(path, device),
         eager=lambda: CompiledPETCalculator(path, device=device, compile_mode="eager"),
@@ -175,6 +182,7 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
     }
     return Contest(
         model="uma-tiny-random" if small else "uma-s-random",
+        path=path,
         upstream="fairchem",
         reference=lambda: fairchem_calculator(path, "omat", torch.float32, device),
         eager=lambda: BucketedCalculator(
@@ -321,4 +329,35 @@ def run_stream(
           f"{records[0].torch}: wrote {path} and {path.with_suffix('.png').name}\n\n"
           "| model | impl | calls | first result s | total s |\n|---|---|---:|---:|---:|\n"
           f"{rows}\n", flush=True)
+    return records
+
+
+#: Atom counts of the ``first-result`` workload (the issue's targets: PET at 64, UMA at 108).
+FIRST_RESULT_ATOMS = {"pet": 64, "uma": 108}
+
+
+def run_first_result(
+    names: list[str], *, device: str, out: Path, small: bool = False
+) -> list[FirstResultRecord]:
+    """The ``first-result`` workload for models ``names`` (keys of ``MODELS``): write
+    ``{out}/first_result.json`` (rewritten after each model) and print a table."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "first_result.json"
+    records: list[FirstResultRecord] = []
+    for name in names:
+        with tempfile.TemporaryDirectory() as folder:
+            contest = MODELS[name](Path(folder), device, small)
+            natoms = 32 if small else FIRST_RESULT_ATOMS.get(name, 64)
+            records += time_first_results(
+                name, contest.model, contest.path, contest.upstream, device, natoms,
+                Path(folder),
+            )
+        write_records(records, path)
+    rows = "\n".join(
+        f"| {r.model} | {r.natoms} | {r.impl} | {r.cache} | {r.first_result_s:.1f} |"
+        for r in records
+    )
+    print(f"\nfirst results in fresh processes on {records[0].gpu}, torch {records[0].torch}: "
+          f"wrote {path}\n\n| model | atoms | impl | compile caches | first result s |\n"
+          f"|---|---:|---|---|---:|\n{rows}\n", flush=True)
     return records
