@@ -154,13 +154,13 @@ class BucketedCalculator(TorchCalculator):
         # (numbers on the device, padded atoms, padded numbers, atom mask)
         self._padded: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
 
-    def _check_structure(self, atoms: Atoms) -> None:
-        """The base checks, then fairchem's rule for one atom without periodic boundaries:
-        the model is evaluated on it only if the checkpoint declares
-        ``supports_single_atoms``. Otherwise fairchem returns a tabulated isolated-atom
-        energy (``atom_refs`` of its pretrained-model registry, not in the checkpoint) or
-        raises; so does this calculator."""
-        super()._check_structure(atoms)
+    def _check_structure(self, atoms: Atoms) -> bool:
+        """The base checks (returning whether the cell has a volume), then fairchem's rule
+        for one atom without periodic boundaries: the model is evaluated on it only if the
+        checkpoint declares ``supports_single_atoms``. Otherwise fairchem returns a
+        tabulated isolated-atom energy (``atom_refs`` of its pretrained-model registry, not
+        in the checkpoint) or raises; so does this calculator."""
+        has_volume = super()._check_structure(atoms)
         if len(atoms) == 1 and not atoms.pbc.any() and not self.core.supports_single_atoms:
             raise InvalidAtomsError(
                 f"a single {atoms.get_chemical_symbols()[0]} atom without periodic boundaries: "
@@ -168,6 +168,7 @@ class BucketedCalculator(TorchCalculator):
                 "fairchem, the model is not evaluated on it; fairchem's pretrained-model "
                 "registry gives isolated-atom energies (atom_refs) for such atoms instead"
             )
+        return has_volume
 
     @property
     def task_name(self) -> str:
