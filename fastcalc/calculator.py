@@ -11,8 +11,9 @@ torch energy function into the same path.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -282,23 +283,158 @@ class TorchCalculator(Calculator):
         """Energy, forces and (if ``system.compute_stress``) stress of ``system``."""
         raise NotImplementedError
 
+    def evaluate_batch(self, system: System) -> list[Result]:
+        """One :class:`Result` per system of a batched ``system`` (``cell`` (B, 3, 3),
+        ``pbc`` (B, 3), atoms sorted by ``system_index``; the systems share what
+        :meth:`batch_key` groups by), stresses included; models that batch implement it
+        (:meth:`evaluate_many` evaluates the others one structure at a time)."""
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate batches")
+
+    def batch_key(self, atoms: Atoms, charge: int, spin: int) -> Hashable:
+        """What structures must share to be evaluated in one batch (default: charge and
+        spin); raises :class:`InvalidAtomsError` for a state the model refuses."""
+        return charge, spin
+
+    def evaluate_many(
+        self, structures: Sequence[Atoms], *, max_atoms: int = 8192
+    ) -> list[dict[str, object]]:
+        """Energy, free energy, forces, per-atom energies (when the model gives them) and,
+        for cells with a volume, stress (ASE's Voigt order) of every structure, in order,
+        each equal to this calculator's result for that structure alone.
+
+        Structures that :meth:`batch_key` puts together are packed into batched graphs
+        of at most ``max_atoms`` atoms each (a larger structure runs alone); fewer, larger
+        calls keep a GPU busy where small structures one at a time leave it idle. A
+        structure that cannot be evaluated gets ``{"error": InvalidAtomsError(...)}`` and
+        the others are still computed. The calculator's own ``results`` are untouched.
+        Models without :meth:`evaluate_batch` (PET, for now) evaluate one at a time.
+        """
+        with self._lock:
+            out: list[dict[str, object] | None] = [None] * len(structures)
+            groups: dict[Hashable, list[int]] = {}
+            volumes: dict[int, bool] = {}
+            for index, atoms in enumerate(structures):
+                try:
+                    check_positions(atoms)
+                    volumes[index] = self._check_structure(atoms)
+                    key = self.batch_key(atoms, *charge_and_spin(atoms.info, self.default_spin))
+                except InvalidAtomsError as error:
+                    out[index] = {"error": error}
+                    continue
+                groups.setdefault(key, []).append(index)
+            sizes = [len(atoms) for atoms in structures]
+            for members in groups.values():
+                for chunk in _chunks(members, sizes, max_atoms):
+                    self._evaluate_chunk(structures, chunk, volumes, out)
+            return out
+
+    def _evaluate_chunk(
+        self,
+        structures: Sequence[Atoms],
+        chunk: list[int],
+        volumes: dict[int, bool],
+        out: list[dict[str, object] | None],
+    ) -> None:
+        """Evaluate the structures ``chunk`` as one batch into ``out``; if the batch is
+        refused (one structure crowded beyond the limit, say), each alone, so that only
+        the culprit gets the error."""
+        if type(self).evaluate_batch is TorchCalculator.evaluate_batch:  # one at a time
+            for index in chunk:
+                out[index] = self._alone(structures[index], volumes[index])
+            return
+        try:
+            system = self._batch_system([structures[i] for i in chunk])
+            with matmul_precision(self.precision):
+                results = self.evaluate_batch(system)
+        except InvalidAtomsError as error:
+            if len(chunk) == 1:
+                out[chunk[0]] = {"error": error}
+                return
+            for index in chunk:
+                self._evaluate_chunk(structures, [index], volumes, out)
+            return
+        for index, result in zip(chunk, results):
+            entry: dict[str, object] = {
+                "energy": result.energy, "free_energy": result.energy, "forces": result.forces
+            }
+            if volumes[index] and result.stress is not None:
+                entry["stress"] = full_3x3_to_voigt_6_stress(result.stress)
+            if result.energies is not None:
+                entry["energies"] = result.energies
+            out[index] = entry
+
+    def _alone(self, atoms: Atoms, has_volume: bool) -> dict[str, object]:
+        """``atoms``'s results through :meth:`calculate`, for a model without batches; the
+        calculator's own ``atoms`` and ``results`` are put back."""
+        saved = self.atoms, self.results
+        try:
+            self.calculate(atoms.copy(), ["energy", "forces"] + ["stress"] * has_volume)
+            return dict(self.results)
+        except InvalidAtomsError as error:
+            return {"error": error}
+        finally:
+            self.atoms, self.results = saved
+
+    def _batch_system(self, structures: list[Atoms]) -> System:
+        """The batched :class:`System` of ``structures`` (same charge and spin), with the
+        pairs within the cutoff found in one search."""
+        dtype, device = self.dtype, self.device
+        positions = torch.tensor(
+            np.concatenate([a.positions for a in structures]), dtype=dtype, device=device
+        )
+        host_cells = np.stack([a.cell.array for a in structures])
+        cells = torch.tensor(host_cells, dtype=dtype, device=device)
+        pbc = torch.tensor(np.stack([a.pbc for a in structures]), device=device)
+        host_numbers = np.concatenate([a.numbers for a in structures])
+        counts = torch.tensor([len(a) for a in structures], device=device)
+        system_index = torch.repeat_interleave(torch.arange(len(structures), device=device), counts)
+        search = VerletNeighborList(
+            self.cutoff, 0.0, self.neighbors.max_neighbors,
+            drop_zero_length=self.drops_zero_length_edges,
+        )
+        try:
+            edge_index, unit_shifts = search(positions, cells, pbc, system_index)
+        except NeighborOverflowError as error:
+            raise InvalidAtomsError(str(error)) from error
+        charge, spin = charge_and_spin(structures[0].info, self.default_spin)
+        return System(
+            positions=positions,
+            cell=padding_cell(cells, self.cutoff),
+            pbc=pbc,
+            numbers=torch.tensor(host_numbers, dtype=torch.long, device=device),
+            host_numbers=host_numbers,
+            system_index=system_index,
+            edge_index=edge_index,
+            unit_shifts=unit_shifts,
+            search=search.searches,
+            most_neighbors=search.most_candidates,
+            charge=charge,
+            spin=spin,
+            compute_stress=True,
+        )
+
     def model_digest(self) -> str:
         """A digest of the model's weights and hyper-parameters (see
         :func:`fastcalc.compile_cache.tensors_digest`), naming its compiled code on disk;
         models that compile implement it."""
         raise NotImplementedError
 
-    def graph_runner(self, fn: Callable[..., tuple[torch.Tensor, ...]], mode: str) -> GraphRunner:
-        """The :class:`fastcalc.tracing.GraphRunner` of ``fn`` in ``mode``, with this
-        calculator's disk cache of compiled models unless ``cache_dir`` is False."""
+    def graph_runner(
+        self, fn: Callable[..., tuple[torch.Tensor, ...]], mode: str, graph: str = "single"
+    ) -> GraphRunner:
+        """The :class:`fastcalc.tracing.GraphRunner` of ``fn`` (the model's function
+        ``graph``: ``"single"`` or ``"batch"``) in ``mode``, with this calculator's disk
+        cache of compiled models unless ``cache_dir`` is False."""
         if mode == "eager" or self.cache_dir is False:
             return GraphRunner(fn, mode)
-        return GraphRunner(fn, mode, CompileCache(self.cache_dir), self._cache_key)
+        return GraphRunner(fn, mode, CompileCache(self.cache_dir), partial(self._cache_key, graph))
 
-    def _cache_key(self) -> CacheKey:
-        """The disk cache key of this calculator's compiled model."""
+    def _cache_key(self, graph: str) -> CacheKey:
+        """The disk cache key of this calculator's compiled function ``graph``."""
         mode = getattr(self, "compile_mode", "default")
-        return CacheKey.create(self.model_digest(), self.device, self.dtype, self.precision, mode)
+        return CacheKey.create(
+            self.model_digest(), self.device, self.dtype, self.precision, mode, graph
+        )
 
     def _on_device(self, name: str, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         """Device copy of a host array that rarely changes (numbers, pbc): copied again only
@@ -393,6 +529,21 @@ class TorchCalculator(Calculator):
             self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
         if result.energies is not None:
             self.results["energies"] = result.energies
+
+
+def _chunks(members: list[int], sizes: Sequence[int], max_atoms: int) -> Iterator[list[int]]:
+    """``members`` in order, cut into runs of at most ``max_atoms`` atoms (a larger
+    structure goes alone)."""
+    chunk: list[int] = []
+    atoms = 0
+    for index in members:
+        if chunk and atoms + sizes[index] > max_atoms:
+            yield chunk
+            chunk, atoms = [], 0
+        chunk.append(index)
+        atoms += sizes[index]
+    if chunk:
+        yield chunk
 
 
 def to_host(*tensors: torch.Tensor | None) -> list[np.ndarray | None]:

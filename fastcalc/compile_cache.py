@@ -88,12 +88,20 @@ class CacheKey:
     dtype: str
     precision: str
     compile_mode: str
+    graph: str  # which of the model's functions: "single" or "batch"
 
     @classmethod
     def create(
-        cls, model: str, device: torch.device, dtype: torch.dtype, precision: str, mode: str
+        cls,
+        model: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        precision: str,
+        mode: str,
+        graph: str = "single",
     ) -> CacheKey:
-        """The key of ``model`` (a digest) compiled here for ``device`` in ``dtype``."""
+        """The key of ``model``'s function ``graph`` (a digest) compiled here for ``device``
+        in ``dtype``."""
         from . import __version__
 
         return cls(
@@ -105,6 +113,7 @@ class CacheKey:
             dtype=str(dtype).removeprefix("torch."),
             precision=precision,
             compile_mode=mode,
+            graph=graph,
         )
 
     @property

@@ -18,10 +18,17 @@ def edge_vectors(
     cell: torch.Tensor,
     edge_index: torch.Tensor,
     unit_shifts: torch.Tensor,
+    edge_system: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``positions[j] - positions[i] + unit_shifts @ cell`` for every edge ``(i, j)``."""
+    """``positions[j] - positions[i] + unit_shifts @ cell`` for every edge ``(i, j)``;
+    for a batch, ``cell`` is (B, 3, 3) and ``edge_system`` (E,) gives each edge's system."""
     i, j = edge_index
-    return positions[j] - positions[i] + unit_shifts.to(cell.dtype) @ cell
+    shifts = unit_shifts.to(cell.dtype)
+    if cell.dim() == 3:
+        offsets = torch.bmm(shifts.unsqueeze(1), cell[edge_system]).squeeze(1)
+    else:
+        offsets = shifts @ cell
+    return positions[j] - positions[i] + offsets
 
 
 def energy_forces_stress(
@@ -50,3 +57,28 @@ def energy_forces_stress(
         grad, virial = torch.autograd.grad(energy, (positions, strain))
     volume = torch.linalg.det(cell).abs()
     return energy.detach(), -grad, virial / volume
+
+
+def batch_energies_forces_stress(
+    energy_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    positions: torch.Tensor,
+    cells: torch.Tensor,
+    system_index: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`energy_forces_stress` for B systems in one backward pass.
+
+    ``energy_fn(positions, cells)`` returns the (B,) energies of the systems of ``cells``
+    (B, 3, 3), atom ``n`` belonging to system ``system_index[n]``. Each system has its own
+    strain, so the stresses (B, 3, 3) are each ``(1/V_b) dE_b/dε_b``; forces are
+    ``-dE/dx`` of the sum, which, systems sharing no edges, are each system's own.
+    """
+    positions = positions.detach().requires_grad_(True)
+    with torch.enable_grad():
+        options = {"dtype": positions.dtype, "device": positions.device}
+        strain = torch.zeros(cells.shape, **options, requires_grad=True)
+        deformation = torch.eye(3, **options) + strain
+        deformed = torch.bmm(positions.unsqueeze(1), deformation[system_index]).squeeze(1)
+        energies = energy_fn(deformed, torch.bmm(cells, deformation))
+        grad, virial = torch.autograd.grad(energies.sum(), (positions, strain))
+    volumes = torch.linalg.det(cells).abs()
+    return energies.detach(), -grad, virial / volumes.view(-1, 1, 1)

@@ -10,17 +10,19 @@ a CUDA graph recorded per padded shape (:class:`fastcalc.tracing.GraphRunner`).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Hashable
 from pathlib import Path
 
+import numpy as np
 import torch
 from ase import Atoms
 
 from ..buckets import atom_mask, pad_atoms, pad_edges, padded_size
 from ..calculator import InvalidAtomsError, Result, System, TorchCalculator, to_host
+from ..compile_cache import tensors_digest
 from ..demo_models import FITTED_ELEMENTS
 from ..geometry import edge_vectors
 from ..registry import resolve_model_path
-from ..compile_cache import tensors_digest
 from ..tracing import resolve_compile_mode
 from .checkpoint import UMACheckpoint, load_checkpoint
 from .core import UMACore
@@ -30,6 +32,8 @@ __all__ = ["BucketedCalculator"]
 
 #: Padded atom counts are multiples of at least this (see :func:`fastcalc.buckets.padded_size`).
 ATOM_STEP = 8
+#: Batches of systems are padded with empty systems to multiples of this.
+BATCH_STEP = 4
 CHARGE_RANGE = (-100, 100)  # fairchem's accepted ranges and defaults
 SPIN_RANGE = (0, 100)
 
@@ -148,6 +152,9 @@ class BucketedCalculator(TorchCalculator):
         self.core.set_task(task_name)
         self.bucket_size = bucket_size
         self._runner = self.graph_runner(self.core.energy_and_gradients, self.compile_mode)
+        self._batch_runner = self.graph_runner(
+            self.core.batch_energies_and_gradients, self.compile_mode, graph="batch"
+        )
         self.parameters.update(
             checkpoint=name, task_name=task_name, bucket_size=bucket_size, compile_mode=compile_mode
         )
@@ -209,6 +216,68 @@ class BucketedCalculator(TorchCalculator):
             mask = atom_mask(len(numbers), atoms, numbers.device)
             self._padded = (numbers, atoms, torch.cat([numbers, padding]), mask)
         return self._padded[2], self._padded[3]
+
+    def batch_key(self, atoms: Atoms, charge: int, spin: int) -> Hashable:
+        """Composition, charge and spin: the merged experts depend on all three, so one
+        batch shares them (a screening of one composition is one group)."""
+        check_charge_and_spin(charge, spin)
+        species, counts = np.unique(atoms.numbers, return_counts=True)
+        return tuple(species.tolist()), tuple(counts.tolist()), charge, spin
+
+    def evaluate_batch(self, system: System) -> list[Result]:
+        """Systems of one composition, charge and spin in one graph (compiled once, like
+        :meth:`evaluate`'s, for every batch shape): per-system energies and stresses,
+        forces and per-atom energies, each system's through its own normalisers."""
+        index = system.system_index.cpu().numpy()
+        first = system.host_numbers[index == 0]
+        self.core.prepare(torch.from_numpy(first), system.charge, system.spin)
+        positions, cells, numbers = system.positions, system.cell, system.numbers
+        edge_index, unit_shifts = system.edge_index, system.unit_shifts
+        edge_system = system.system_index[edge_index[0]]
+        limit = self.core.max_neighbors
+        if 0 < limit < system.most_neighbors:
+            with torch.no_grad():
+                vectors = edge_vectors(positions, cells, edge_index, unit_shifts, edge_system)
+                edge_index, unit_shifts = apply_neighbor_limit(
+                    edge_index, unit_shifts, vectors.square().sum(-1), len(numbers), limit
+                )
+            edge_system = system.system_index[edge_index[0]]
+        n = len(numbers)
+        atoms = padded_size(n, ATOM_STEP)
+        padding = atoms - n
+        edges = pad_edges(edge_index, unit_shifts, cells, self.cutoff, self.bucket_size)
+        extra = len(edges.edge_mask) - len(edge_system)
+        # empty systems up to a multiple of 4 (at least one): a batch of one must not trace
+        # a graph specialised to one system, nor a batch of three one that guards on 3
+        spare = padded_size(len(cells) + 1, BATCH_STEP) - len(cells)
+        eye = torch.eye(3, dtype=cells.dtype, device=cells.device)
+        energies, forces, stresses, per_atom = self._batch_runner(
+            pad_atoms(positions, atoms),
+            torch.cat([cells, eye.expand(spare, 3, 3)]),
+            torch.cat([numbers, numbers[:1].expand(padding)]),
+            edges.edge_index,
+            edges.unit_shifts,
+            edges.edge_mask,
+            atom_mask(n, atoms, numbers.device),
+            torch.cat([system.system_index, system.system_index.new_zeros(padding)]),
+            torch.cat([edge_system, edge_system.new_zeros(extra)]),
+        )
+        energies, forces, stresses, per_atom = map(
+            torch.from_numpy, to_host(energies, forces[:n], stresses, per_atom[:n])
+        )
+        host_numbers = torch.from_numpy(system.host_numbers)
+        results = []
+        for b in range(len(cells)):
+            atoms_of_b = torch.from_numpy(index == b)
+            out = self.core.outputs(
+                energies[b], forces[atoms_of_b], stresses[b], per_atom[atoms_of_b],
+                host_numbers[atoms_of_b], stress=True,
+            )
+            results.append(Result(
+                float(out["energy"]), out["forces"].numpy(), out["stress"].numpy(),
+                out["energies"].numpy(),
+            ))
+        return results
 
     def evaluate(self, system: System) -> Result:
         """fairchem's neighbour limit and the expert merge on the host, then the graph."""

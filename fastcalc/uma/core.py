@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..geometry import edge_vectors, energy_forces_stress
+from ..geometry import batch_energies_forces_stress, edge_vectors, energy_forces_stress
 from .checkpoint import TaskSpec, UMACheckpoint
 from .experts import ExpertRouter, SystemEmbedding
 from .layers import (
@@ -311,16 +311,19 @@ class UMACore(nn.Module):
         unit_shifts: torch.Tensor,
         edge_mask: torch.Tensor | None = None,
         atom_mask: torch.Tensor | None = None,
+        edge_system: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Raw (normalised, reference-free) per-atom energies (N,) in the model's dtype,
         differentiable in ``positions`` and ``cell``, for the system last given to
         :meth:`prepare`; the raw energy is their sum. Atoms where ``atom_mask`` (N,) is
-        False are padding: their energy is zero (they must have no edges).
+        False are padding: their energy is zero (they must have no edges). For a batch of
+        systems of that same composition, charge and spin, ``cell`` is (B, 3, 3) and
+        ``edge_system`` (E,) gives each edge's system.
 
         Free of host synchronisation and data-dependent control flow, so it can be
         traced; use :meth:`compute` for physical outputs."""
         centre, neighbour = edge_index[0], edge_index[1]
-        vectors = edge_vectors(positions, cell, edge_index, unit_shifts)
+        vectors = edge_vectors(positions, cell, edge_index, unit_shifts, edge_system)
         if edge_mask is not None:
             padding = vectors.new_full((3,), self.cutoff)  # length sqrt(3) * cutoff
             vectors = torch.where(edge_mask.unsqueeze(-1), vectors, padding)
@@ -406,6 +409,37 @@ class UMACore(nn.Module):
 
         total, forces, stress = energy_forces_stress(energy, positions, cell, compute_stress=True)
         return total, forces, stress, per_atom[0].detach()
+
+    def batch_energies_and_gradients(
+        self,
+        positions: torch.Tensor,
+        cells: torch.Tensor,
+        numbers: torch.Tensor,
+        edge_index: torch.Tensor,
+        unit_shifts: torch.Tensor,
+        edge_mask: torch.Tensor,
+        atom_mask: torch.Tensor,
+        system_index: torch.Tensor,
+        edge_system: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`energy_and_gradients` for B systems of one composition, charge and spin
+        (``cells`` (B, 3, 3), atom and edge systems ``system_index`` (N,) and
+        ``edge_system`` (E,)): raw energies (B,) float64, forces, stresses (B, 3, 3) and the
+        raw per-atom energies, from one forward and one backward pass. Traceable."""
+        per_atom: list[torch.Tensor] = []
+
+        def energies(deformed_positions: torch.Tensor, deformed_cells: torch.Tensor) -> torch.Tensor:
+            per_atom.append(
+                self(deformed_positions, deformed_cells, numbers, edge_index, unit_shifts,
+                     edge_mask, atom_mask, edge_system)
+            )
+            totals = per_atom[0].new_zeros(cells.shape[0], dtype=torch.float64)
+            return totals.index_add(0, system_index, per_atom[0].to(torch.float64))
+
+        totals, forces, stresses = batch_energies_forces_stress(
+            energies, positions, cells, system_index
+        )
+        return totals, forces, stresses, per_atom[0].detach()
 
     def outputs(
         self,

@@ -1,0 +1,113 @@
+"""``evaluate_many``: many structures in few batched graphs, each result equal to the
+calculator's own result for that structure alone (float64)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ase.build import bulk, fcc111
+
+from fastcalc.calculator import InvalidAtomsError
+from fastcalc.uma import BucketedCalculator
+
+
+def copper(repeats, seed, gold=False):
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(repeats)
+    if gold:
+        atoms.numbers[::3] = 79
+    atoms.rattle(0.08, seed=seed)
+    return atoms
+
+
+def slab(seed):
+    atoms = fcc111("Cu", (2, 2, 3), vacuum=4.0)  # pbc (T, T, F), a cell with a volume
+    atoms.rattle(0.05, seed=seed)
+    return atoms
+
+
+def mixed():
+    """Mixed sizes and periodicities, two compositions (so two groups), in mixed order."""
+    wire = copper((1, 1, 3), 7)
+    wire.pbc = (False, False, True)
+    molecule = copper((1, 1, 1), 8)
+    molecule.pbc = False
+    molecule.cell = np.zeros((3, 3))  # no cell: no stress
+    return [copper((2, 2, 2), 1), copper((1, 1, 1), 2), slab(3), copper((2, 1, 1), 4, gold=True),
+            wire, copper((2, 2, 1), 5), molecule, copper((1, 2, 1), 6, gold=True)]
+
+
+def alone(calc, atoms) -> dict:
+    atoms = atoms.copy()
+    atoms.calc = calc
+    out = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces(),
+           "energies": atoms.get_potential_energies()}
+    if atoms.cell.rank == 3:
+        out["stress"] = atoms.get_stress()
+    return out
+
+
+def assert_same(batched: dict, single: dict) -> None:
+    assert set(single) <= set(batched)
+    assert "stress" in batched if "stress" in single else "stress" not in batched
+    for key, value in single.items():
+        np.testing.assert_allclose(batched[key], value, rtol=1e-10, atol=1e-10, err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def calc(uma_checkpoints):
+    return BucketedCalculator(uma_checkpoints["main"].path, task_name="omat", dtype="float64",
+                              device="cpu", compile_mode="eager", bucket_size=64)
+
+
+def test_each_result_equals_the_structure_alone(calc):
+    structures = mixed()
+    for batched, atoms in zip(calc.evaluate_many(structures), structures):
+        assert_same(batched, alone(calc, atoms))
+
+
+def test_small_atom_budgets_split_batches_without_changing_results(calc):
+    structures = mixed()
+    whole = calc.evaluate_many(structures)
+    split = calc.evaluate_many(structures, max_atoms=20)
+    for a, b in zip(whole, split):
+        assert set(a) == set(b)
+        assert_same(a, b)
+
+
+def test_a_bad_structure_gets_its_error_and_the_others_are_computed(calc):
+    structures = mixed()
+    nan = copper((1, 1, 1), 9)
+    nan.positions[2] = np.nan
+    crowded = copper((1, 1, 1), 10)
+    crowded.positions[:] = crowded.positions[:1]  # four atoms on one spot: refused
+    crowded.positions[1:] += 1e-3
+    structures[2:2] = [nan, crowded]
+    results = calc.evaluate_many(structures)
+    assert isinstance(results[2]["error"], InvalidAtomsError)
+    assert "NaN" in str(results[2]["error"])
+    for index in (0, 1, 4, 5):
+        assert_same(results[index], alone(calc, structures[index]))
+
+
+def test_the_calculators_own_results_are_untouched(calc):
+    atoms = copper((1, 1, 1), 11)
+    atoms.calc = calc
+    energy = atoms.get_potential_energy()
+    calc.evaluate_many(mixed())
+    assert calc.results["energy"] == energy and atoms.get_potential_energy() == energy
+
+
+def test_a_compiled_batch_graph_serves_every_batch_shape(uma_checkpoints, calc):
+    """compile_mode='default': batches of one and of several structures, one compilation,
+    the same results as eager."""
+    compiled = BucketedCalculator(uma_checkpoints["main"].path, task_name="omat",
+                                  dtype="float64", device="cpu", compile_mode="default",
+                                  bucket_size=64)
+    # every batch above 8 atoms: on CPU only, inductor turns an (N, 1) x (1, C) product
+    # with N + C <= 32 into a broadcast guarded on N, which a batch of 8 atoms would fail
+    structures = [s for s in mixed() if len(s) > 4]
+    for chunk in (structures[:1], structures):
+        for ours, atoms in zip(compiled.evaluate_many(chunk), chunk):
+            assert_same(ours, alone(calc, atoms))
+    assert compiled._batch_runner.stats["compilations"] == 1
+    assert compiled._batch_runner.stats["recompiles"] == 0
