@@ -1,7 +1,7 @@
 """The ``fastcalc`` command line: ``fastcalc md`` runs molecular dynamics with a model,
-``fastcalc bench`` times fastcalc against the upstream calculators, ``fastcalc compile``
-fills the disk cache of compiled models ahead of time and ``fastcalc cache`` lists or
-clears it.
+``fastcalc screen`` evaluates or relaxes every structure of a file, ``fastcalc bench``
+times fastcalc against the upstream calculators, ``fastcalc compile`` fills the disk
+cache of compiled models ahead of time and ``fastcalc cache`` lists or clears it.
 
 A mistake in what the user asked for (a missing file, a misspelt model, an element the
 model lacks, an impossible run) is one line on stderr and exit status 2; ``--debug``
@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
 
 import torch
 from ase import Atoms
-from ase.io import read
 from ase.build import bulk
 from ase.data import chemical_symbols, covalent_radii
+from ase.io import iread, read
 from ase.io.formats import UnknownFileTypeError
 
 from . import __version__
@@ -43,6 +45,7 @@ from .md import (
 )
 from .models import DEMO_MODELS, load_calculator, resolve_model_path
 from .registry import TaskNotSupportedError, UnknownModelError
+from .screen import ScreenSetupError, WorkerDiedError, check_screen, screen
 from .uma import NotUMACheckpointError, UnknownTaskError
 
 __all__ = ["USER_ERRORS", "WORKLOADS", "UsageError", "default_out", "main"]
@@ -62,6 +65,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     InvalidAtomsError,
     MDSetupError,
     NotUMACheckpointError,
+    ScreenSetupError,
     TaskNotSupportedError,
     UnknownModelError,
     UnknownTaskError,
@@ -96,7 +100,8 @@ def _version() -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fastcalc", formatter_class=_HelpFormatter,
-        description="fastcalc md runs molecular dynamics with a model; fastcalc bench times "
+        description="fastcalc md runs molecular dynamics with a model; fastcalc screen "
+                    "evaluates or relaxes every structure of a file; fastcalc bench times "
                     "fastcalc against the upstream calculators; fastcalc compile and "
                     "fastcalc cache manage the disk cache of compiled models. A user's "
                     "mistake is one line and exit status 2 (--debug shows its traceback).",
@@ -134,6 +139,33 @@ def _parser() -> argparse.ArgumentParser:
     md.add_argument("--log", metavar="FILE", help="ASE MD log file")
     md.add_argument("--small", action="store_true",
                     help="32 atoms of fcc Cu and 20 steps unless given: a quick smoke test")
+    screening = commands.add_parser(
+        "screen", help="evaluate or relax every structure of a file, appending each result "
+                       "to an extended XYZ file as it finishes",
+        parents=[common], formatter_class=_HelpFormatter,
+    )
+    screening.add_argument("input", metavar="INPUT",
+                           help="any file ASE reads, with one or more structures")
+    screening.add_argument("--model", default="pet-demo-cu",
+                           help=f"bundled model ({', '.join(DEMO_MODELS)}) or a model file")
+    screening.add_argument("--task", help="UMA task (dataset head), e.g. omat or omol")
+    screening.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                           help="the model's floating-point precision")
+    screening.add_argument("--relax", action="store_true",
+                           help="relax the positions with ASE's FIRE before the results")
+    screening.add_argument("--fmax", type=float, default=0.05,
+                           help="--relax stops when the largest force is below this, in eV/A")
+    screening.add_argument("--max-steps", type=_at_least(1), default=500,
+                           help="--relax stops after this many FIRE steps")
+    screening.add_argument("--out", metavar="FILE",
+                           help="extended XYZ results (.extxyz or .xyz) (default: "
+                                "INPUT's name with -screen.extxyz, in this folder)")
+    screening.add_argument("--workers", type=_at_least(1), metavar="N",
+                           help="run on N Ray actors, each with its own calculator (one GPU "
+                                "each with --device cuda, else one CPU core); needs "
+                                "fastcalc[ray] (default: one calculator in this process)")
+    screening.add_argument("--resume", action="store_true",
+                           help="continue an existing --out: skip the structures it holds")
     bench = commands.add_parser(
         "bench", help="time fastcalc against the upstream calculators on random models",
         parents=[common], formatter_class=_HelpFormatter,
@@ -249,6 +281,65 @@ def _md(args: argparse.Namespace) -> None:
     print(summary)
 
 
+def _frames(path: str) -> Iterator[Atoms]:
+    """The structures in the file at ``path``, read one at a time; the first is read now,
+    so that an unreadable file is reported before a model loads."""
+    if not Path(path).is_file():
+        raise UsageError(f"no structure file {path!r}")
+    frames = iread(path)
+    read_so_far = 0
+
+    def following() -> Iterator[Atoms]:
+        nonlocal read_so_far
+        while True:
+            try:
+                atoms = next(frames)
+            except StopIteration:
+                return
+            except (OSError, UnknownFileTypeError, ValueError) as error:
+                raise UsageError(
+                    f"cannot read structure {read_so_far} from {path!r}: {error}"
+                ) from error
+            read_so_far += 1
+            yield atoms
+
+    structures = following()
+    first = next(structures, None)
+    if first is None:
+        raise UsageError(f"no structures in {path!r}")
+    return itertools.chain([first], structures)
+
+
+def _screen(args: argparse.Namespace) -> None:
+    out = Path(args.out or f"{Path(args.input).stem}-screen.extxyz")
+    if out.resolve() == Path(args.input).resolve():
+        raise UsageError(f"--out {str(out)!r} is the input file; write the results elsewhere")
+    check_screen(out, fmax=args.fmax, max_steps=args.max_steps, workers=args.workers,
+                 resume=args.resume)
+    structures = _frames(args.input)
+    device = _device(args.device)
+    factory = partial(load_calculator, _model_path(args.model), task=args.task, device=device,
+                      dtype=args.dtype)
+    where = f"{args.workers} Ray workers" if args.workers else "one process"
+    what = (f"relaxing (FIRE to fmax {args.fmax:g} eV/A within {args.max_steps} steps)"
+            if args.relax else "evaluating")
+    print(f"{what} the structures of {args.input} with {args.model} on {device} "
+          f"({args.dtype}, {where}) into {out}", flush=True)
+    try:
+        summary = screen(
+            structures, factory, out, relax=args.relax, fmax=args.fmax,
+            max_steps=args.max_steps, workers=args.workers,
+            gpus_per_worker=1 if device == "cuda" else 0, resume=args.resume,
+        )
+    except (KeyboardInterrupt, WorkerDiedError) as error:
+        interrupted = isinstance(error, KeyboardInterrupt)
+        print(f"fastcalc screen: {'interrupted' if interrupted else error}; the results so far "
+              f"are in {out}: run the same command with --resume to do the rest",
+              file=sys.stderr)
+        raise SystemExit(130 if interrupted else 1) from None
+    print(summary)
+
+
 def default_out(now: datetime.datetime) -> Path:
     """A new folder for the records, named by the time: never the committed records."""
     return Path(f"fastcalc-bench-{now:%Y-%m-%d-%H%M%S}")
@@ -317,8 +408,8 @@ def _cache(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run ``fastcalc md``, ``bench``, ``compile`` or ``cache`` with ``argv`` (default: the
-    command line).
+    """Run ``fastcalc md``, ``screen``, ``bench``, ``compile`` or ``cache`` with ``argv``
+    (default: the command line).
 
     A user error (:data:`USER_ERRORS`) ends in one line on stderr and ``SystemExit(2)``,
     or in its traceback with ``--debug``.
@@ -329,6 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "md":
             _md(args)
+        elif args.command == "screen":
+            _screen(args)
         elif args.command == "bench":
             _bench(args)
         elif args.command == "compile":

@@ -8,7 +8,7 @@ from importlib import metadata
 import pytest
 import torch
 from ase.build import bulk
-from ase.io import read
+from ase.io import Trajectory, read, write
 
 from fastcalc import InvalidAtomsError, cli
 from fastcalc.cli import main
@@ -200,3 +200,69 @@ def test_compile_fills_the_cache_that_a_later_calculator_starts_from(tmp_path, c
     assert atoms.calc.compile_stats["from_cache"] == 1
     main(["cache", "clear", "--cache-dir", str(tmp_path)])
     assert "removed 1 entries" in capsys.readouterr().out
+
+
+def screen_input(folder) -> str:
+    """Two copper structures and a gold one, in one extended XYZ file."""
+    path = folder / "many.xyz"
+    small = bulk("Cu", cubic=True, a=3.61)
+    small.rattle(0.05, seed=1)
+    write(path, [default_structure(2), bulk("Au", cubic=True), small], format="extxyz")
+    return str(path)
+
+
+def test_screen_command_writes_every_structure_with_its_index(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["screen", screen_input(tmp_path), "--device", "cpu"])
+    printed = capsys.readouterr().out
+    assert "into many-screen.extxyz" in printed
+    assert "2 done, 1 failed, 0 skipped (already in the output)" in printed
+    frames = read(tmp_path / "many-screen.extxyz", ":", format="extxyz")
+    assert sorted(frame.info["screen_index"] for frame in frames) == [0, 1, 2]
+    failed = [frame for frame in frames if "screen_error" in frame.info]
+    assert [frame.info["screen_index"] for frame in failed] == [1]
+    assert "does not support Au" in failed[0].info["screen_error"]
+
+
+def empty_trajectory(folder) -> str:
+    Trajectory(folder / "empty.traj", "w").close()
+    return str(folder / "empty.traj")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (lambda d: [str(d / "nowhere.xyz")], "fastcalc screen: error: no structure file '"),
+        (lambda d: [empty_file(d)], "cannot read structure 0 from '"),
+        (lambda d: [empty_trajectory(d)], "no structures in '"),
+        (lambda d: [screen_input(d), "--out", str(d / "out.traj")], "use .extxyz or .xyz"),
+        (lambda d: [screen_input(d), "--out", str(d / "many.xyz")], "is the input file"),
+        (lambda d: [screen_input(d), "--out", structure_file(d, name="done.xyz")],
+         "done.xyz' already exists: resume"),
+        (lambda d: [screen_input(d), "--relax", "--fmax", "0"], "fmax must be positive"),
+        (lambda d: [screen_input(d), "--max-steps", "0"], "must be at least 1, got 0"),
+    ],
+    ids=["missing input", "empty input", "trajectory without frames", "traj output", "output is the input",
+         "existing output", "zero fmax", "zero max steps"],
+)
+def test_a_screen_mistake_is_one_line_and_exit_status_2(argv, message, tmp_path, capsys):
+    line = refused(capsys, ["screen", *argv(tmp_path), "--device", "cpu"])
+    assert message in line
+
+
+def test_screen_workers_without_ray_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    line = refused(capsys, ["screen", screen_input(tmp_path), "--workers", "2",
+                            "--out", str(tmp_path / "out.extxyz")])
+    assert "pip install 'fastcalc[ray]'" in line
+
+
+def test_an_interrupted_screen_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "screen", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["screen", screen_input(tmp_path), "--device", "cpu"])
+    assert exit_info.value.code == 130
+    assert "run the same command with --resume" in capsys.readouterr().err

@@ -1,0 +1,385 @@
+"""Screening many structures: evaluate or relax each with a model, keeping every result.
+
+:func:`screen` takes structures one at a time, hands each to :func:`screen_structure`
+(in this process, or on Ray actors that each hold one calculator) and appends each result
+to an extended XYZ file as soon as it finishes, flushed, tagged with its input index
+(``info["screen_index"]``). A run that is killed keeps what it wrote, and
+``resume=True`` does only the indices the file lacks. A structure the model cannot
+evaluate is written with its error (``info["screen_error"]``) and the run goes on.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sized
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TextIO
+
+from ase import Atoms
+from ase.calculators.calculator import Calculator
+from ase.calculators.singlepoint import SinglePointCalculator
+from ase.io import iread, write
+from ase.optimize import FIRE
+from tqdm.auto import tqdm
+
+from .calculator import InvalidAtomsError
+
+__all__ = [
+    "OUTPUT_SUFFIXES",
+    "QUEUED_PER_WORKER",
+    "STRUCTURE_ERRORS",
+    "ScreenSetupError",
+    "ScreenSummary",
+    "WorkerDiedError",
+    "check_screen",
+    "screen",
+    "screen_structure",
+]
+
+#: Output suffixes :func:`screen` writes, both extended XYZ: a format that takes one
+#: frame after another and that ASE reads back with energies, forces and stress.
+OUTPUT_SUFFIXES = (".extxyz", ".xyz")
+
+#: Exceptions that mean one structure cannot be evaluated (NaN positions, an element the
+#: model lacks, a degenerate cell, ...): recorded as that structure's error. Anything else
+#: stops the run, since it would most likely fail every structure the same way.
+STRUCTURE_ERRORS: tuple[type[Exception], ...] = (InvalidAtomsError,)
+
+#: Structures queued on each Ray actor: one running and one waiting, so that an actor
+#: never idles while the driver writes a result and sends the next structure.
+QUEUED_PER_WORKER = 2
+
+#: ``info`` and ``arrays`` keys of an input structure that would clash with the results
+#: in extended XYZ (ASE's writer refuses both).
+_RESULT_KEYS = ("energy", "free_energy", "stress", "forces")
+
+
+class ScreenSetupError(ValueError):
+    """A screen that cannot start: an output that is not extended XYZ or that exists without
+    ``resume``, a tolerance or step count that cannot be met, workers without Ray or beyond
+    the cluster's CPUs or GPUs."""
+
+
+class WorkerDiedError(RuntimeError):
+    """A Ray worker died (killed, out of memory, crashed) with structures in hand: raised
+    once the other workers have done all they could, naming the structures lost, which a
+    resume does."""
+
+
+@dataclass(frozen=True)
+class ScreenSummary:
+    """What a screen did: structures evaluated (``done``), recorded with an error
+    (``failed``), skipped because the output held them already (``skipped``), and the
+    seconds it took."""
+
+    done: int
+    failed: int
+    skipped: int
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        """Structures done or failed per second of the whole run, model loading included."""
+        return (self.done + self.failed) / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        return (f"{self.done} done, {self.failed} failed, {self.skipped} skipped (already in "
+                f"the output) in {self.seconds:.1f} s: {self.per_second:.2f} structures/s")
+
+
+def screen_structure(
+    calculator: Calculator,
+    atoms: Atoms,
+    *,
+    relax: bool = False,
+    fmax: float = 0.05,
+    max_steps: int = 500,
+) -> Atoms:
+    """A copy of ``atoms`` with its energy, forces and (periodic along all three axes)
+    stress from ``calculator`` on a :class:`~ase.calculators.singlepoint.SinglePointCalculator`.
+
+    With ``relax``, the positions (not the cell) are first relaxed with ASE's FIRE until
+    the largest force is below ``fmax`` eV/Å or ``max_steps`` steps have run; the copy holds
+    the relaxed positions, ``info["screen_steps"]`` and ``info["screen_converged"]``. If
+    ``atoms`` cannot be evaluated (:data:`STRUCTURE_ERRORS`), the copy has no results and
+    ``info["screen_error"]`` holds the message in one line. Input ``info`` and ``arrays``
+    entries named like a result (``energy``, ``forces``, ...) are dropped from a result,
+    which replaces them.
+    """
+    result = atoms.copy()
+    result.calc = calculator
+    try:
+        if relax:
+            optimizer = FIRE(result, logfile=None)
+            converged = optimizer.run(fmax=fmax, steps=max_steps)
+            result.info.update(screen_steps=optimizer.nsteps, screen_converged=bool(converged))
+        properties = {"energy": result.get_potential_energy(), "forces": result.get_forces()}
+        if result.pbc.all():
+            properties["stress"] = result.get_stress()
+    except STRUCTURE_ERRORS as error:
+        failed = atoms.copy()
+        failed.info["screen_error"] = " ".join(str(error).split())
+        return failed
+    for key in _RESULT_KEYS:
+        result.info.pop(key, None)
+        result.arrays.pop(key, None)
+    result.calc = SinglePointCalculator(result, **properties)
+    return result
+
+
+def _ray() -> ModuleType:
+    """The ``ray`` module; :class:`ScreenSetupError` saying how to install it otherwise."""
+    try:
+        import ray
+    except ImportError as error:
+        raise ScreenSetupError(
+            "workers run on Ray, which is not installed here: pip install 'fastcalc[ray]'"
+        ) from error
+    return ray
+
+
+def check_screen(
+    out: str | Path,
+    *,
+    fmax: float = 0.05,
+    max_steps: int = 500,
+    workers: int | None = None,
+    resume: bool = False,
+) -> None:
+    """Raise :class:`ScreenSetupError` naming what keeps this screen from starting; cheap
+    (it loads no model), so that a command line can check before it loads one."""
+    out = Path(out)
+    if out.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise ScreenSetupError(f"cannot write screening results to {str(out)!r}: use "
+                               f"{' or '.join(OUTPUT_SUFFIXES)} (extended XYZ)")
+    if not out.parent.is_dir():
+        raise ScreenSetupError(f"no folder {str(out.parent)!r} for the output {str(out)!r}")
+    if not resume and out.is_file() and out.stat().st_size > 0:
+        raise ScreenSetupError(f"{str(out)!r} already exists: resume to do only the "
+                               f"structures it lacks, or write elsewhere")
+    if not fmax > 0:
+        raise ScreenSetupError(f"fmax must be positive, got {fmax:g} eV/A")
+    if max_steps < 1:
+        raise ScreenSetupError(f"max_steps must be at least 1, got {max_steps}")
+    if workers is not None:
+        if workers < 1:
+            raise ScreenSetupError(f"workers must be at least 1, got {workers}")
+        _ray()
+
+
+def _complete_bytes(path: Path) -> int:
+    """The length of the complete extended XYZ frames at the start of ``path``: a run killed
+    while it wrote a frame leaves part of one at the end."""
+    complete = 0
+    with open(path, "rb") as handle:
+        while header := handle.readline():
+            if not header.endswith(b"\n"):
+                break
+            try:
+                natoms = int(header)
+            except ValueError:
+                raise ScreenSetupError(
+                    f"{str(path)!r} is not extended XYZ as fastcalc screen writes it: byte "
+                    f"{complete} should start a frame with its atom count"
+                ) from None
+            lines = [handle.readline() for _ in range(natoms + 1)]
+            if not all(line.endswith(b"\n") for line in lines):
+                break
+            complete = handle.tell()
+    return complete
+
+
+def _indices_done(out: Path) -> set[int]:
+    """The ``screen_index`` of every complete frame in ``out``; a part of a frame at its
+    end is cut off (with a warning) so that new frames follow complete ones."""
+    complete = _complete_bytes(out)
+    if complete < out.stat().st_size:
+        warnings.warn(f"{str(out)!r} ends in an incomplete frame (the run was killed while "
+                      f"writing it); it is dropped and its structure done again", stacklevel=3)
+        with open(out, "r+b") as handle:
+            handle.truncate(complete)
+    done = set()
+    for number, atoms in enumerate(iread(out, format="extxyz")):
+        if "screen_index" not in atoms.info:
+            raise ScreenSetupError(f"frame {number} of {str(out)!r} has no screen_index: it "
+                                   f"is not the output of a screen")
+        done.add(int(atoms.info["screen_index"]))
+    return done
+
+
+Work = Callable[[Calculator, Atoms], Atoms]
+
+
+def _serial(
+    todo: Iterator[tuple[int, Atoms]], calculator_factory: Callable[[], Calculator], work: Work
+) -> Iterator[Atoms]:
+    """Results of ``todo`` with one calculator in this process, in input order."""
+    calculator = calculator_factory()
+    for index, atoms in todo:
+        result = work(calculator, atoms)
+        result.info["screen_index"] = index
+        yield result
+
+
+class _Worker:
+    """A Ray actor's state: one calculator, built once, and the work done with it."""
+
+    def __init__(self, calculator_factory: Callable[[], Calculator], work: Work) -> None:
+        self.work = work
+        self.error: Exception | None = None
+        try:
+            self.calculator = calculator_factory()
+        except Exception as error:  # handed to the driver, which raises it as it is
+            self.error = error
+
+    def ready(self) -> Exception | None:
+        """None once the calculator is built, else the exception that building it raised."""
+        return self.error
+
+    def run(self, index: int, atoms: Atoms) -> Atoms:
+        """The result of the structure with input index ``index``."""
+        result = self.work(self.calculator, atoms)
+        result.info["screen_index"] = index
+        return result
+
+
+def _on_ray(
+    todo: Iterator[tuple[int, Atoms]],
+    calculator_factory: Callable[[], Calculator],
+    work: Work,
+    workers: int,
+    gpus_per_worker: float,
+) -> Iterator[Atoms]:
+    """Results of ``todo`` from ``workers`` Ray actors, each with its own calculator (and
+    ``gpus_per_worker`` GPUs), in the order they finish. Uses the running Ray cluster, or
+    starts a local one for the run. A worker that dies loses the structures it holds; the
+    others go on, and :class:`WorkerDiedError` names the lost ones at the end."""
+    ray = _ray()
+    started = not ray.is_initialized()
+    if started:
+        ray.init()
+    actors: list[Any] = []
+    try:
+        resources = ray.cluster_resources()
+        for kind, each in (("CPU", 1), ("GPU", gpus_per_worker)):
+            if workers * each > resources.get(kind, 0):
+                raise ScreenSetupError(
+                    f"{workers} workers need {workers * each:g} {kind}s (one worker uses "
+                    f"{each:g}); the Ray cluster has {resources.get(kind, 0):g}"
+                )
+        actor_class = ray.remote(_Worker).options(num_cpus=1, num_gpus=gpus_per_worker)
+        actors = [actor_class.remote(calculator_factory, work) for _ in range(workers)]
+        for error in ray.get([actor.ready.remote() for actor in actors]):
+            if error is not None:
+                raise error
+        running: dict[Any, tuple[Any, int]] = {}  # result reference: (actor, input index)
+
+        def feed(actor: Any) -> None:
+            item = next(todo, None)
+            if item is not None:
+                running[actor.run.remote(*item)] = (actor, item[0])
+
+        for actor in actors:
+            for _ in range(QUEUED_PER_WORKER):
+                feed(actor)
+        dead: set[int] = set()  # id() of the dead actors, whose handles stay in ``actors``
+        lost: list[int] = []
+        while running:
+            [finished], _ = ray.wait(list(running), num_returns=1)
+            actor, index = running.pop(finished)
+            try:
+                result = ray.get(finished)
+            except ray.exceptions.RayActorError:
+                dead.add(id(actor))
+                lost.append(index)
+                continue
+            if id(actor) not in dead:
+                feed(actor)  # before the driver writes, so that the actor keeps working
+            yield result
+        if lost:
+            numbers = ", ".join(map(str, sorted(lost)))
+            raise WorkerDiedError(
+                f"{len(dead)} of {workers} Ray workers died, losing structures {numbers} "
+                f"(Ray's log says why)"
+            )
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        if started:
+            ray.shutdown()
+
+
+def _append(handle: TextIO, atoms: Atoms) -> None:
+    """Append ``atoms`` to ``handle`` as one extended XYZ frame, in one write, flushed."""
+    text = io.StringIO()
+    write(text, atoms, format="extxyz")
+    handle.write(text.getvalue())
+    handle.flush()
+
+
+def screen(
+    structures: Iterable[Atoms],
+    calculator_factory: Callable[[], Calculator],
+    out: str | Path,
+    *,
+    relax: bool = False,
+    fmax: float = 0.05,
+    max_steps: int = 500,
+    workers: int | None = None,
+    gpus_per_worker: float = 0.0,
+    resume: bool = False,
+    progress: bool = True,
+) -> ScreenSummary:
+    """Evaluate (or, with ``relax``, relax) every structure with :func:`screen_structure`,
+    appending each result to the extended XYZ file ``out`` as it finishes.
+
+    Each frame carries its position in ``structures`` as ``info["screen_index"]``; results
+    of several workers come in the order they finish. ``calculator_factory()`` builds a
+    calculator: once in this process (``workers=None``), or once in each of ``workers`` Ray
+    actors (each with one CPU and ``gpus_per_worker`` GPUs; the factory must pickle). An
+    existing ``out`` is refused unless ``resume``, which skips the indices it holds. A
+    progress bar shows structures per second unless ``progress`` is False. Raises
+    :class:`ScreenSetupError` before any model loads if the screen cannot start
+    (:func:`check_screen`), and :class:`WorkerDiedError` at the end if a worker died.
+    """
+    out = Path(out)
+    check_screen(out, fmax=fmax, max_steps=max_steps, workers=workers, resume=resume)
+    done = _indices_done(out) if resume and out.is_file() else set()
+    skipped = 0
+
+    def todo() -> Iterator[tuple[int, Atoms]]:
+        nonlocal skipped
+        for index, atoms in enumerate(structures):
+            if index in done:
+                skipped += 1
+            else:
+                yield index, atoms
+
+    work = partial(screen_structure, relax=relax, fmax=fmax, max_steps=max_steps)
+    if workers is None:
+        results = _serial(todo(), calculator_factory, work)
+    else:
+        results = _on_ray(todo(), calculator_factory, work, workers, gpus_per_worker)
+    total = len(set(range(len(structures))) - done) if isinstance(structures, Sized) else None
+    counts = {"done": 0, "failed": 0}
+    start = time.perf_counter()
+    with ExitStack() as stack:
+        stack.enter_context(closing(results))
+        bar = stack.enter_context(
+            tqdm(total=total, unit="structure", disable=not progress, dynamic_ncols=True)
+        )
+        handle = None  # opened at the first result: a run that fails to start writes nothing
+        for result in results:
+            if handle is None:
+                handle = stack.enter_context(open(out, "a"))
+            _append(handle, result)
+            counts["failed" if "screen_error" in result.info else "done"] += 1
+            bar.set_postfix(counts, refresh=False)
+            bar.update(1)
+    return ScreenSummary(**counts, skipped=skipped, seconds=time.perf_counter() - start)

@@ -1,0 +1,240 @@
+"""fastcalc.screen evaluates or relaxes many structures, appends each result as it finishes,
+records a structure it cannot evaluate with its error, and resumes a killed run."""
+
+import os
+import re
+from functools import partial
+
+import numpy as np
+import pytest
+from ase.build import bulk
+from ase.calculators.emt import EMT
+from ase.io import read, write
+from ase.optimize import FIRE
+
+from fastcalc import InvalidAtomsError
+from fastcalc.models import load_calculator
+from fastcalc.screen import (
+    QUEUED_PER_WORKER,
+    ScreenSetupError,
+    WorkerDiedError,
+    screen,
+    screen_structure,
+)
+
+#: extended XYZ keeps 8 decimals of positions and forces
+FORCE_TOL = 2e-7
+
+
+def copper(repeat, seed, a=3.61):
+    atoms = bulk("Cu", "fcc", a=a, cubic=True).repeat(repeat)
+    atoms.rattle(0.05, seed=seed)
+    return atoms
+
+
+def cluster():
+    atoms = copper(1, seed=3)
+    atoms.pbc = False
+    atoms.center(vacuum=4.0)
+    return atoms
+
+
+def structures():
+    """Four copper structures of 4 to 32 atoms, one of them not periodic."""
+    return [copper(1, 0), copper((2, 1, 1), 1, a=3.58), cluster(), copper(2, 2, a=3.64)]
+
+
+def gold():
+    return bulk("Au", "fcc", cubic=True)
+
+
+def nan_positions():
+    atoms = copper(1, 4)
+    atoms.positions[2] = np.nan
+    return atoms
+
+
+@pytest.fixture(scope="module")
+def calculator():
+    return load_calculator("pet-demo-cu", device="cpu")
+
+
+def by_index(path):
+    frames = read(path, ":", format="extxyz")
+    indices = [int(frame.info["screen_index"]) for frame in frames]
+    assert len(indices) == len(set(indices)), f"an index written twice: {sorted(indices)}"
+    return dict(zip(indices, frames))
+
+
+def assert_results_equal(frame, expected):
+    """``frame`` (read back from the output) holds ``expected``'s energy, forces and stress."""
+    assert "screen_error" not in frame.info
+    assert frame.get_potential_energy() == pytest.approx(expected.get_potential_energy(),
+                                                         rel=1e-7)
+    np.testing.assert_allclose(frame.get_forces(), expected.get_forces(), rtol=0, atol=FORCE_TOL)
+    if expected.pbc.all():
+        np.testing.assert_allclose(frame.get_stress(), expected.get_stress(), rtol=1e-6,
+                                   atol=1e-8)
+    else:
+        assert "stress" not in frame.calc.results
+
+
+def direct(atoms, calculator):
+    atoms = atoms.copy()
+    atoms.calc = calculator
+    return atoms
+
+
+def test_serial_results_equal_the_calculator_on_each_structure(calculator, tmp_path):
+    inputs = structures()
+    summary = screen(inputs, lambda: calculator, tmp_path / "out.extxyz", progress=False)
+    assert (summary.done, summary.failed, summary.skipped) == (4, 0, 0)
+    frames = by_index(tmp_path / "out.extxyz")
+    assert sorted(frames) == [0, 1, 2, 3]
+    for index, atoms in enumerate(inputs):
+        np.testing.assert_allclose(frames[index].positions, atoms.positions, atol=1e-8)
+        assert_results_equal(frames[index], direct(atoms, calculator))
+
+
+def test_a_bad_structure_is_recorded_with_its_error_and_the_others_succeed(calculator, tmp_path):
+    inputs = [copper(1, 0), gold(), nan_positions(), copper((2, 1, 1), 1)]
+    summary = screen(inputs, lambda: calculator, tmp_path / "out.extxyz", progress=False)
+    assert (summary.done, summary.failed) == (2, 2)
+    frames = by_index(tmp_path / "out.extxyz")
+    for index in (1, 2):
+        with pytest.raises(InvalidAtomsError) as error:
+            direct(inputs[index], calculator).get_potential_energy()
+        assert frames[index].info["screen_error"] == str(error.value)
+        assert frames[index].calc is None
+    for index in (0, 3):
+        assert_results_equal(frames[index], direct(inputs[index], calculator))
+
+
+def test_relax_matches_ases_fire_on_the_same_structure(calculator, tmp_path):
+    start = copper((2, 1, 1), 5)
+    start.rattle(0.1, seed=6)
+    screen([start], lambda: calculator, tmp_path / "out.extxyz", relax=True, fmax=0.05,
+           progress=False)
+    [frame] = by_index(tmp_path / "out.extxyz").values()
+    expected = direct(start, calculator)
+    optimizer = FIRE(expected, logfile=None)
+    assert optimizer.run(fmax=0.05, steps=500)
+    assert frame.info["screen_converged"]
+    assert frame.info["screen_steps"] == optimizer.nsteps > 0
+    assert np.linalg.norm(frame.get_forces(), axis=1).max() < 0.05
+    assert frame.get_potential_energy() == pytest.approx(expected.get_potential_energy(),
+                                                         abs=1e-3)
+
+
+def test_a_relaxation_cut_short_by_max_steps_reports_not_converged(calculator):
+    start = copper((2, 1, 1), 5)
+    start.rattle(0.1, seed=6)
+    result = screen_structure(calculator, start, relax=True, fmax=0.05, max_steps=2)
+    assert result.info["screen_steps"] == 2
+    assert result.info["screen_converged"] is False
+
+
+class Interrupted(Exception):
+    """Stands for Ctrl-C or a killed worker: the run stops with structures left to do."""
+
+
+def stopping_after(inputs, count):
+    """``inputs``, but the run is interrupted when it asks for structure ``count``."""
+    yield from inputs[:count]
+    raise Interrupted
+
+
+def test_an_interrupted_run_resumed_does_each_structure_once(calculator, tmp_path):
+    out = tmp_path / "out.extxyz"
+    inputs = structures()
+    with pytest.raises(Interrupted):
+        screen(stopping_after(inputs, 2), lambda: calculator, out, progress=False)
+    assert sorted(by_index(out)) == [0, 1]
+    with pytest.raises(ScreenSetupError, match="already exists: resume"):
+        screen(inputs, lambda: calculator, out, progress=False)
+    summary = screen(inputs, lambda: calculator, out, resume=True, progress=False)
+    assert (summary.done, summary.failed, summary.skipped) == (2, 0, 2)
+    frames = by_index(out)
+    assert sorted(frames) == [0, 1, 2, 3]
+    for index, atoms in enumerate(inputs):
+        assert_results_equal(frames[index], direct(atoms, calculator))
+
+
+def test_resume_drops_a_half_written_last_frame_and_redoes_it(calculator, tmp_path):
+    out = tmp_path / "out.extxyz"
+    inputs = structures()[:2]
+    screen(inputs[:1], lambda: calculator, out, progress=False)
+    written = out.read_bytes()
+    partial_frame = tmp_path / "partial.extxyz"
+    half = screen_structure(calculator, inputs[1])
+    half.info["screen_index"] = 1
+    write(partial_frame, half, format="extxyz")
+    out.write_bytes(written + partial_frame.read_bytes()[:150])  # killed while writing
+    with pytest.warns(UserWarning, match="ends in an incomplete frame"):
+        summary = screen(inputs, lambda: calculator, out, resume=True, progress=False)
+    assert (summary.done, summary.skipped) == (1, 1)
+    assert out.read_bytes().startswith(written)
+    frames = by_index(out)
+    assert sorted(frames) == [0, 1]
+    assert_results_equal(frames[1], direct(inputs[1], calculator))
+
+
+def test_nothing_is_loaded_or_written_for_a_screen_that_cannot_start(tmp_path):
+    def no_model():
+        raise AssertionError("the model was loaded")
+
+    with pytest.raises(ScreenSetupError, match=r"use .extxyz or .xyz"):
+        screen(structures(), no_model, tmp_path / "out.traj", progress=False)
+    with pytest.raises(ScreenSetupError, match="fmax must be positive"):
+        screen(structures(), no_model, tmp_path / "out.xyz", relax=True, fmax=0,
+               progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def test_two_ray_workers_give_the_serial_results(ray_cluster, tmp_path):
+    inputs = [*structures(), gold()]
+    factory = partial(load_calculator, "uma-demo-cu", device="cpu")  # loads faster than PET
+    summary = screen(inputs, factory, tmp_path / "ray.extxyz", workers=2, progress=False)
+    assert (summary.done, summary.failed) == (4, 1)
+    screen(inputs, factory, tmp_path / "serial.extxyz", progress=False)
+    on_ray, serial = by_index(tmp_path / "ray.extxyz"), by_index(tmp_path / "serial.extxyz")
+    assert sorted(on_ray) == sorted(serial) == [0, 1, 2, 3, 4]
+    assert on_ray[4].info["screen_error"] == serial[4].info["screen_error"]
+    for index in range(4):
+        assert_results_equal(on_ray[index], serial[index])
+
+
+def test_a_dead_worker_loses_only_what_it_held_and_a_resume_does_that(ray_cluster, tmp_path):
+    def crashing_emt():  # defined here, so that Ray sends it to the workers by value
+        class Crashing(EMT):
+            def calculate(self, atoms=None, *args, **kwargs):
+                if atoms.info.get("crash"):
+                    os._exit(1)  # the worker process dies, as if killed
+                super().calculate(atoms, *args, **kwargs)
+
+        return Crashing()
+
+    inputs = [*structures(), copper(1, 7), copper((2, 1, 1), 8)]
+    inputs[2].info["crash"] = True
+    out = tmp_path / "out.extxyz"
+    with pytest.raises(WorkerDiedError, match="1 of 2 Ray workers died") as died:
+        screen(inputs, crashing_emt, out, workers=2, progress=False)
+    named = re.search(r"losing structures ([\d, ]+) \(", str(died.value)).group(1)
+    lost = {int(number) for number in named.split(", ")}
+    assert 2 in lost and len(lost) <= QUEUED_PER_WORKER  # the rest went to the other worker
+    assert sorted(by_index(out)) == sorted(set(range(6)) - lost)
+    del inputs[2].info["crash"]
+    summary = screen(inputs, EMT, out, resume=True, progress=False)
+    assert (summary.done, summary.skipped) == (len(lost), 6 - len(lost))
+    frames = by_index(out)
+    assert sorted(frames) == list(range(6))
+    for index, atoms in enumerate(inputs):
+        assert_results_equal(frames[index], direct(atoms, EMT()))
