@@ -105,6 +105,7 @@ def test_per_atom_energies_are_fairchems_node_energies(kind, system, reference_c
     assert deviation(energies.sum(), energy) < RTOL
 
 
+@pytest.mark.parametrize("kind", ["main", "variant"])
 @pytest.mark.parametrize("system", ["bulk", "molecule"])
 def test_coincident_atoms_give_fairchems_finite_results(kind, system, reference_calculator,
                                                          our_calculator):
