@@ -259,6 +259,7 @@ class TorchCalculator(Calculator):
         # numbers, cell and pbc of the last structure that passed, and whether it has a volume
         self._checked: tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None = None
         self._zeros: torch.Tensor | None = None
+        self._digest: str | None = None
         self._lock = threading.RLock()
 
     def get_property(
@@ -431,10 +432,10 @@ class TorchCalculator(Calculator):
 
     def _cache_key(self, graph: str) -> CacheKey:
         """The disk cache key of this calculator's compiled function ``graph``."""
+        if self._digest is None:  # a pass over the weights: once, for all graphs
+            self._digest = self.model_digest()
         mode = getattr(self, "compile_mode", "default")
-        return CacheKey.create(
-            self.model_digest(), self.device, self.dtype, self.precision, mode, graph
-        )
+        return CacheKey.create(self._digest, self.device, self.dtype, self.precision, mode, graph)
 
     def _on_device(self, name: str, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         """Device copy of a host array that rarely changes (numbers, pbc): copied again only

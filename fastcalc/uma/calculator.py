@@ -217,6 +217,23 @@ class BucketedCalculator(TorchCalculator):
             self._padded = (numbers, atoms, torch.cat([numbers, padding]), mask)
         return self._padded[2], self._padded[3]
 
+    def _limited_edges(
+        self, system: System, edge_system: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``system``'s pairs under fairchem's neighbour limit, on the device; skipped when
+        no atom can exceed it. ``edge_system`` gives each pair's system in a batch."""
+        edge_index, unit_shifts = system.edge_index, system.unit_shifts
+        limit = self.core.max_neighbors
+        if not 0 < limit < system.most_neighbors:
+            return edge_index, unit_shifts
+        with torch.no_grad():
+            vectors = edge_vectors(
+                system.positions, system.cell, edge_index, unit_shifts, edge_system
+            )
+            return apply_neighbor_limit(
+                edge_index, unit_shifts, vectors.square().sum(-1), len(system.numbers), limit
+            )
+
     def batch_key(self, atoms: Atoms, charge: int, spin: int) -> Hashable:
         """Composition, charge and spin: the merged experts depend on all three, so one
         batch shares them (a screening of one composition is one group)."""
@@ -228,20 +245,15 @@ class BucketedCalculator(TorchCalculator):
         """Systems of one composition, charge and spin in one graph (compiled once, like
         :meth:`evaluate`'s, for every batch shape): per-system energies and stresses,
         forces and per-atom energies, each system's through its own normalisers."""
-        index = system.system_index.cpu().numpy()
-        first = system.host_numbers[index == 0]
-        self.core.prepare(torch.from_numpy(first), system.charge, system.spin)
+        # one composition: every system has the same atoms, so system b is the b-th block
+        # of ``per`` atoms, known on the host without reading system_index back
+        per = len(system.host_numbers) // len(system.cell)
+        self.core.prepare(torch.from_numpy(system.host_numbers[:per]), system.charge, system.spin)
         positions, cells, numbers = system.positions, system.cell, system.numbers
-        edge_index, unit_shifts = system.edge_index, system.unit_shifts
+        edge_index, unit_shifts = self._limited_edges(
+            system, system.system_index[system.edge_index[0]]
+        )
         edge_system = system.system_index[edge_index[0]]
-        limit = self.core.max_neighbors
-        if 0 < limit < system.most_neighbors:
-            with torch.no_grad():
-                vectors = edge_vectors(positions, cells, edge_index, unit_shifts, edge_system)
-                edge_index, unit_shifts = apply_neighbor_limit(
-                    edge_index, unit_shifts, vectors.square().sum(-1), len(numbers), limit
-                )
-            edge_system = system.system_index[edge_index[0]]
         n = len(numbers)
         atoms = padded_size(n, ATOM_STEP)
         padding = atoms - n
@@ -268,7 +280,7 @@ class BucketedCalculator(TorchCalculator):
         host_numbers = torch.from_numpy(system.host_numbers)
         results = []
         for b in range(len(cells)):
-            atoms_of_b = torch.from_numpy(index == b)
+            atoms_of_b = slice(b * per, (b + 1) * per)
             out = self.core.outputs(
                 energies[b], forces[atoms_of_b], stresses[b], per_atom[atoms_of_b],
                 host_numbers[atoms_of_b], stress=True,
@@ -284,14 +296,7 @@ class BucketedCalculator(TorchCalculator):
         check_charge_and_spin(system.charge, system.spin)
         self.core.prepare(torch.from_numpy(system.host_numbers), system.charge, system.spin)
         positions, cell, numbers = system.positions, system.cell, system.numbers
-        edge_index, unit_shifts = system.edge_index, system.unit_shifts
-        limit = self.core.max_neighbors
-        if 0 < limit < system.most_neighbors:  # else no atom can exceed it: skip
-            with torch.no_grad():
-                lengths = edge_vectors(positions, cell, edge_index, unit_shifts).square().sum(-1)
-                edge_index, unit_shifts = apply_neighbor_limit(
-                    edge_index, unit_shifts, lengths, len(numbers), limit
-                )
+        edge_index, unit_shifts = self._limited_edges(system)
         n = len(numbers)
         atoms = padded_size(n, ATOM_STEP)
         padded_numbers, mask = self._padded_numbers(numbers, atoms)
