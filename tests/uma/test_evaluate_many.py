@@ -8,6 +8,7 @@ import pytest
 from ase.build import bulk, fcc111
 
 from fastcalc.calculator import InvalidAtomsError
+from fastcalc.testing import deviation, evaluate
 from fastcalc.uma import BucketedCalculator
 
 
@@ -63,6 +64,18 @@ def test_each_result_equals_the_structure_alone(calc):
     structures = mixed()
     for batched, atoms in zip(calc.evaluate_many(structures), structures):
         assert_same(batched, alone(calc, atoms))
+
+
+def test_batched_results_are_fairchems(calc, reference_calculator):
+    """The same structures through fairchem's calculator on the same weights (float64)."""
+    structures = mixed()
+    reference = reference_calculator("main", "omat")
+    for batched, atoms in zip(calc.evaluate_many(structures), structures):
+        theirs = evaluate(reference, atoms, stress="stress" in batched)
+        assert deviation(batched["energy"], theirs.energy) < 1e-8
+        assert deviation(batched["forces"], theirs.forces) < 1e-8
+        if "stress" in batched:
+            assert deviation(batched["stress"], theirs.stress) < 1e-8
 
 
 def test_small_atom_budgets_split_batches_without_changing_results(calc):
