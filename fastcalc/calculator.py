@@ -222,6 +222,9 @@ class TorchCalculator(Calculator):
     #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
     #: tensors until the next search) instead of the pairs within the cutoff.
     takes_candidates = False
+    #: The model implements :meth:`evaluate_batch`; :meth:`evaluate_many` evaluates the
+    #: others one structure at a time.
+    evaluates_batches = False
     #: Leave pairs of zero length (coincident atoms) out of the edges handed to
     #: :meth:`evaluate` (the candidates of ``takes_candidates`` keep them).
     drops_zero_length_edges = False
@@ -339,7 +342,7 @@ class TorchCalculator(Calculator):
         """Evaluate the structures ``chunk`` as one batch into ``out``; if the batch is
         refused (one structure crowded beyond the limit, say), each alone, so that only
         the culprit gets the error."""
-        if type(self).evaluate_batch is TorchCalculator.evaluate_batch:  # one at a time
+        if not self.evaluates_batches:  # one at a time
             for index in chunk:
                 out[index] = self._alone(structures[index], volumes[index])
             return

@@ -110,6 +110,7 @@ class BucketedCalculator(TorchCalculator):
     #: is undefined: the model sees them not at all, and no zero-length vector reaches
     #: autograd (the gradient of its norm is NaN).
     drops_zero_length_edges = True
+    evaluates_batches = True
     default_parameters = {
         **TorchCalculator.default_parameters,
         "task_name": None,
