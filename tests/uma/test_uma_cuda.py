@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,3 +152,65 @@ def test_tf32_forces_stay_within_a_percent_of_float64(float64, tf32):
         forces, exact = results(tf32, atoms)[1], results(float64, atoms)[1]
         assert force_error(forces, exact) < 1e-2, repeats
     assert tf32.compile_stats["recompiles"] == 0
+
+
+def test_per_atom_energies_match_eager_and_sum_to_the_energy(calculators):
+    graphs, eager = calculators
+    atoms = copper((2, 2, 2), 5)
+    atoms.numbers[::4] = 79
+    energies = []
+    for calc in (graphs, eager):
+        copy = atoms.copy()
+        copy.calc = calc
+        energies.append((copy.get_potential_energies(), copy.get_potential_energy()))
+    (ours, total), (expected, _) = energies
+    np.testing.assert_allclose(ours, expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())
+    assert ours.sum() == pytest.approx(total, rel=1e-6)
+
+
+def test_coincident_atoms_are_no_edge_on_cuda(calculators):
+    """Two atoms on one site: the pair has no direction, so no edge (as in fairchem's
+    graphs); results stay finite and equal eager's."""
+    graphs, eager = calculators
+    atoms = copper((2, 2, 2), 6)
+    atoms.positions[1] = atoms.positions[0]
+    ours = results(graphs, atoms)
+    assert all(np.isfinite(x).all() for x in ours)
+    assert_close(ours, results(eager, atoms))
+
+
+def test_evaluate_many_on_cuda_matches_one_at_a_time(calculators):
+    """Batched CUDA graphs: each structure's result equals the eager calculator's result
+    for it alone; a second batch of another size compiles nothing new."""
+    graphs, eager = calculators
+    first = [copper((2, 2, 2), seed) for seed in range(3)] + [copper((2, 2, 1), 3)]
+    second = [copper((3, 2, 2), seed) for seed in range(5)]
+    for structures in (first, second):
+        for atoms, result in zip(structures, graphs.evaluate_many(structures)):
+            ours = (result["energy"], result["forces"], result["stress"])
+            assert_close(ours, results(eager, atoms))
+    stats = graphs._batch_runner.stats
+    assert stats["compilations"] == 1 and stats["recompiles"] == 0
+
+
+def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(uma_checkpoints,
+                                                                       tmp_path, calculators):
+    """Two fresh processes with empty torch caches share only fastcalc's disk cache: the
+    second compiles from the stored entry, replays CUDA graphs and gives the same numbers."""
+    worker = Path(__file__).with_name("uma_cache_worker.py")
+    path = uma_checkpoints["main"].path
+    runs = []
+    for run in range(2):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor{run}")}
+        done = subprocess.run(
+            [sys.executable, str(worker), str(path), str(tmp_path / "cache")],
+            env=env, capture_output=True, text=True, timeout=900,
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0]["stats"]["from_cache"] == 0
+    assert runs[1]["stats"]["from_cache"] == 1 and runs[1]["stats"]["cuda_graphs"] >= 1
+    _, eager = calculators
+    expected = results(eager, copper((2, 2, 2), 9))
+    for run in runs:
+        assert_close((run["energy"], np.array(run["forces"]), np.array(run["stress"])), expected)
