@@ -29,7 +29,13 @@ from ase.io import iread, read
 from ase.io.formats import UnknownFileTypeError
 
 from . import __version__
-from .bench.suite import MODELS, run_benchmark, run_first_result, run_stream
+from .bench.suite import (
+    MODELS,
+    UnknownContenderError,
+    run_benchmark,
+    run_first_result,
+    run_stream,
+)
 from .bench.timing import COPPER_REPEATS
 from .calculator import InvalidAtomsError
 from .compile_cache import CompileCache
@@ -67,6 +73,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     NotUMACheckpointError,
     ScreenSetupError,
     TaskNotSupportedError,
+    UnknownContenderError,
     UnknownModelError,
     UnknownTaskError,
 )
@@ -183,6 +190,9 @@ def _parser() -> argparse.ArgumentParser:
                             "stream (default: 10)")
     bench.add_argument("--warmup", type=_at_least(0), metavar="N",
                        help="warm-up calls per size before timing (default: 3)")
+    bench.add_argument("--contenders", nargs="+", metavar="NAME",
+                       help="sizes: time only these calculators of the contest, e.g. "
+                            "fairchem fastcalc (default: all)")
     bench.add_argument("--out", type=Path, metavar="FOLDER",
                        help="where the records (pet.json, uma.json or stream.json) and their "
                             "plots go (default: a new folder ./fastcalc-bench-DATE-TIME)")
@@ -362,7 +372,7 @@ def _bench(args: argparse.Namespace) -> None:
     warmup = args.warmup if args.warmup is not None else (2 if args.small else 3)
     for name in names:
         run_benchmark(name, device=device, sizes=sizes, calls=calls, warmup=warmup,
-                      out=out, small=args.small)
+                      out=out, small=args.small, contenders=args.contenders)
 
 
 def probe_structure(supported: Iterable[int] | None) -> Atoms:

@@ -52,20 +52,20 @@ def test_bench_runs_both_models_at_64_108_and_1008_atoms_into_a_new_folder_by_de
 ):
     main(["bench", "--device", "cpu"])
     defaults = dict(device="cpu", sizes=[64, 108, 1008], calls=20, warmup=3,
-                    out=NEW, small=False)
+                    out=NEW, small=False, contenders=None)
     assert runs == [("sizes", "pet", defaults), ("sizes", "uma", defaults)]
     assert "writing into fastcalc-bench-new" in capsys.readouterr().out
 
 
 def test_small_runs_3_calls_on_32_atoms_unless_told_otherwise(runs):
-    main(["bench", "uma", "--small", "--device", "cpu"])
+    main(["bench", "uma", "--small", "--device", "cpu", "--contenders", "fairchem", "fastcalc"])
     main(["bench", "pet", "--small", "--device", "cpu", "--sizes", "256", "32", "--warmup", "0",
           "--out", "benchmarks/results"])
     assert runs == [
         ("sizes", "uma", dict(device="cpu", sizes=[32], calls=3, warmup=2,
-                              out=NEW, small=True)),
+                              out=NEW, small=True, contenders=["fairchem", "fastcalc"])),
         ("sizes", "pet", dict(device="cpu", sizes=[256, 32], calls=3, warmup=0,
-                              out=Path("benchmarks/results"), small=True)),
+                              out=Path("benchmarks/results"), small=True, contenders=None)),
     ]
 
 
@@ -95,6 +95,16 @@ def test_bench_rejects_bad_arguments(argv, message, capsys):
         main(["bench", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_unknown_contender_is_one_line_naming_the_choices(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "uma", "--small", "--device", "cpu", "--out", str(tmp_path),
+              "--contenders", "fastcalc", "mace"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "no contender mace here; choose from fairchem, fairchem-general" in err
+    assert len(err.splitlines()) == 1
 
 
 def small_bench(model: str, folder, capsys) -> tuple[list[dict], str]:

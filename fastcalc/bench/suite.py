@@ -256,6 +256,23 @@ def _bar(label: str) -> Callable[[Iterable], Iterable]:
     return lambda steps: tqdm(steps, desc=label, unit="call", leave=False)
 
 
+class UnknownContenderError(ValueError):
+    """A contender name that the model's contest does not have."""
+
+
+def chosen(factories: dict[str, Callable[[], Calculator]], names: Iterable[str] | None
+           ) -> dict[str, Callable[[], Calculator]]:
+    """The contenders ``names`` of ``factories`` (all of them for None), in their order."""
+    if names is None:
+        return factories
+    unknown = sorted(set(names) - set(factories))
+    if unknown:
+        raise UnknownContenderError(
+            f"no contender {', '.join(unknown)} here; choose from {', '.join(factories)}"
+        )
+    return {name: factory for name, factory in factories.items() if name in names}
+
+
 def run_benchmark(
     name: str,
     *,
@@ -265,9 +282,11 @@ def run_benchmark(
     warmup: int,
     out: Path,
     small: bool = False,
+    contenders: list[str] | None = None,
 ) -> list[BenchRecord]:
     """Benchmark model ``name`` (a key of ``MODELS``) and write ``{out}/{name}.json`` and
-    ``.png``; the records are rewritten after each size, so a failure keeps earlier ones."""
+    ``.png``; the records are rewritten after each size, so a failure keeps earlier ones.
+    ``contenders`` times only those of the contest (default: all)."""
     _torch_settings()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
@@ -275,18 +294,21 @@ def run_benchmark(
     with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*compiles the model at its first call.*")
         contest = MODELS[name](Path(folder), device, small)
+        factories = chosen(contest.contenders(), contenders)
         agreement = check_agreement(contest.reference(), contest.eager(), copper(sizes[0]))
         print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32, "
               f"{sizes[0]} atoms), relative differences {agreement}", flush=True)
         for natoms in sizes:
             records += time_calculators(
-                contest.contenders(), copper(natoms), contest.model,
+                factories, copper(natoms), contest.model,
                 reference=contest.accurate, warmup=warmup, calls=calls,
                 progress=_bar(f"{contest.model}, {natoms} atoms"),
             )
             write_records(records, path)
     plot_records(records, path.with_suffix(".png"))
-    tables = "\n\n".join(ratio_table(records, *pair) for pair in contest.pairs)
+    tables = "\n\n".join(
+        ratio_table(records, *pair) for pair in contest.pairs if set(pair) <= set(factories)
+    )
     print(f"\n{contest.model} on {records[0].gpu}, torch {records[0].torch}: wrote {path} "
           f"and {path.with_suffix('.png').name}; force errors against eager float64 fastcalc"
           f"\n\n{tables}\n", flush=True)
