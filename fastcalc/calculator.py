@@ -32,7 +32,7 @@ from ase.stress import full_3x3_to_voigt_6_stress
 from .buckets import PaddedEdges, pad_edges, padding_cell
 from .geometry import energy_forces_stress
 from .compile_cache import CacheKey, CompileCache
-from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList
+from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList, estimate_crowding
 from .precision import check_precision, matmul_precision
 from .tracing import GraphRunner
 
@@ -180,6 +180,16 @@ def spans_volume(cell: np.ndarray) -> bool:
     """Whether the three vectors of ``cell`` are linearly independent (same tolerance as
     :func:`check_structure`): then the stress (1/V) dE/dε of that cell is defined."""
     return bool(np.linalg.matrix_rank(cell, tol=1e-8) == 3)
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes a model may still allocate on a CUDA ``device``: the device's free memory plus
+    what torch's allocator holds unused. None on the CPU, where the system pages instead of
+    failing at once."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def _symbol(number: int) -> str:
@@ -457,14 +467,36 @@ class TorchCalculator(Calculator):
             self._zeros = torch.zeros(atoms, dtype=torch.long, device=self.device)
         return self._zeros
 
+    def memory_estimate(self, atoms: int, neighbors: float) -> float | None:
+        """Bytes the model needs for ``atoms`` atoms with ``neighbors`` neighbours each
+        within the cutoff, or None where the model gives no estimate."""
+        return None
+
+    def _check_memory(self, atoms: Atoms) -> None:
+        """Refuse, before the neighbour search, a system whose estimated edges need more
+        memory than the device has free (see :meth:`memory_estimate`)."""
+        free = free_memory(self.device)
+        if free is None:
+            return
+        crowding = estimate_crowding(atoms.positions, atoms.cell.array, atoms.pbc, self.cutoff)
+        needed = self.memory_estimate(len(atoms), crowding.neighbors)
+        if needed is not None and needed > free:
+            raise InvalidAtomsError(
+                f"refused before the neighbour search: {len(atoms)} atoms with about "
+                f"{crowding.neighbors:.0f} neighbours each within {self.cutoff:g} Å need about "
+                f"{needed / 2**30:.1f} GiB on {self.device}, which has {free / 2**30:.1f} GiB "
+                "free; evaluate a smaller system"
+            )
+
     def _check_structure(self, atoms: Atoms) -> bool:
-        """:func:`check_structure`, skipped while numbers, cell and pbc equal those of the
-        last structure that passed (an MD step changes only positions); returns
-        :func:`spans_volume` of the cell, kept with them."""
+        """:func:`check_structure` and the memory estimate, skipped while numbers, cell and
+        pbc equal those of the last structure that passed (an MD step changes only
+        positions); returns :func:`spans_volume` of the cell, kept with them."""
         key = (atoms.numbers, atoms.cell.array, atoms.pbc)
         if self._checked is not None and all(map(np.array_equal, key, self._checked[:3])):
             return self._checked[3]
         check_structure(atoms, self.supported_numbers)
+        self._check_memory(atoms)
         volume = spans_volume(atoms.cell.array)
         self._checked = (*(np.array(array, copy=True) for array in key), volume)
         return volume

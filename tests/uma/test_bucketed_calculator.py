@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -182,3 +183,24 @@ def test_a_copy_gives_identical_results_and_merges_its_own_experts(how, uma_chec
     calc.reset()  # evaluate the original again (its core still holds the alloy's merge)
     for name, value in properties(calc, alloy).items():
         assert np.array_equal(value, expected[name]), name
+
+
+def test_a_system_beyond_the_free_gpu_memory_is_refused_before_the_search(
+    consistent, monkeypatch
+):
+    """The memory estimate (here against a pretended 64 MiB free) refuses 2048 Cu atoms in
+    well under a second, names the estimate, and leaves the calculator usable."""
+    import fastcalc.calculator
+
+    monkeypatch.setattr(fastcalc.calculator, "free_memory", lambda device: 64 * 2**20)
+    calc = BucketedCalculator(consistent, task_name="omat", device="cpu")
+    small = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)
+    big = small.repeat(4)
+    assert calc.memory_estimate(len(small), 78) < 64 * 2**20 < calc.memory_estimate(len(big), 78)
+    big.calc = calc
+    with pytest.raises(InvalidAtomsError, match=r"2048 atoms .* need about .* GiB .* 0\.1 GiB"):
+        started = time.perf_counter()
+        big.get_potential_energy()
+    assert time.perf_counter() - started < 1.0
+    small.calc = calc
+    assert np.isfinite(small.get_potential_energy())
