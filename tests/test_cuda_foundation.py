@@ -8,6 +8,7 @@ from pair_potential import CUTOFF, ase_morse, morse_energy
 from test_neighbors import STRUCTURES, ase_edges
 
 from fastcalc import PotentialCalculator
+from fastcalc.calculator import free_memory
 from fastcalc.neighbors import neighbor_list
 
 pytestmark = pytest.mark.cuda
@@ -38,3 +39,11 @@ def test_calculator_on_cuda_matches_ase(periodic):
     np.testing.assert_allclose(atoms.get_forces(), expected.get_forces(), atol=1e-10)
     if periodic:
         np.testing.assert_allclose(atoms.get_stress(), expected.get_stress(), atol=1e-12)
+
+
+def test_free_memory_is_what_cuda_reports_free_plus_torch_s_unused_reserve():
+    device = torch.device("cuda")
+    block = torch.empty(2**28, dtype=torch.uint8, device=device)  # 256 MiB reserved
+    del block  # now reserved by torch's allocator, unused: still free for a model
+    free, total = torch.cuda.mem_get_info(device)
+    assert free + 2**28 <= free_memory(device) <= total
