@@ -35,6 +35,7 @@ from .bench.suite import (
     run_benchmark,
     run_first_result,
     run_stream,
+    run_throughput,
 )
 from .bench.timing import COPPER_REPEATS
 from .calculator import InvalidAtomsError
@@ -57,7 +58,7 @@ from .uma import NotUMACheckpointError, UnknownTaskError
 __all__ = ["USER_ERRORS", "WORKLOADS", "UsageError", "default_out", "main"]
 
 #: What ``fastcalc bench`` times.
-WORKLOADS = ("sizes", "stream", "first-result")
+WORKLOADS = ("sizes", "stream", "first-result", "throughput")
 
 
 class UsageError(Exception):
@@ -182,22 +183,25 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload", choices=WORKLOADS, default="sizes",
                        help="sizes: fcc copper at each size; stream: one calculator "
                             "over a list of different structures; first-result: fresh "
-                            "processes to their first result, compile caches cold and warm")
+                            "processes to their first result, compile caches cold and warm; "
+                            "throughput: structures per second over two sets, one at a "
+                            "time and batched")
     bench.add_argument("--sizes", type=int, nargs="+", choices=sorted(COPPER_REPEATS),
                        metavar="N", help="atom counts of fcc copper (default: 64 108 1008)")
     bench.add_argument("--calls", type=_at_least(1), metavar="N",
-                       help="timed calls per size (default: 20) or per structure of the "
-                            "stream (default: 10)")
+                       help="timed calls per size (default: 20), per structure of the "
+                            "stream (default: 10) or timed passes over each throughput set "
+                            "(default: 3)")
     bench.add_argument("--warmup", type=_at_least(0), metavar="N",
                        help="warm-up calls per size before timing (default: 3)")
     bench.add_argument("--contenders", nargs="+", metavar="NAME",
                        help="sizes: time only these calculators of the contest, e.g. "
                             "fairchem fastcalc (default: all)")
     bench.add_argument("--out", type=Path, metavar="FOLDER",
-                       help="where the records (pet.json, uma.json or stream.json) and their "
+                       help="where the records (pet.json, uma.json, stream.json, ...) and their "
                             "plots go (default: a new folder ./fastcalc-bench-DATE-TIME)")
     bench.add_argument("--small", action="store_true",
-                       help="tiny models, 32 atoms or three small structures, 3 or 2 calls: "
+                       help="tiny models, 32 atoms or a few small structures, fewer calls: "
                             "a smoke test")
     compile_ = commands.add_parser(
         "compile", parents=[common], formatter_class=_HelpFormatter,
@@ -362,6 +366,10 @@ def _bench(args: argparse.Namespace) -> None:
     names = list(MODELS) if args.model == "all" else [args.model]
     if args.workload == "first-result":
         run_first_result(names, device=device, out=out, small=args.small)
+        return
+    if args.workload == "throughput":
+        passes = args.calls if args.calls is not None else (1 if args.small else 3)
+        run_throughput(names, device=device, passes=passes, out=out, small=args.small)
         return
     if args.workload == "stream":
         calls = args.calls if args.calls is not None else (2 if args.small else 10)

@@ -19,8 +19,20 @@ from fastcalc.bench import (
     write_records,
 )
 from fastcalc.bench.stream import plot_stream, stream_structures, time_stream
+from fastcalc.bench.throughput import (
+    in_chunks,
+    many_at_once,
+    one_at_a_time,
+    plot_throughput,
+    throughput_sets,
+    time_throughput,
+)
+from fastcalc.calculator import InvalidAtomsError
 from fastcalc.bench.upstream import PET_ELEMENTS
 
+THROUGHPUT_KEYS = {"date", "gpu", "torch", "model", "impl", "structure_set", "structures",
+                   "atoms", "structures_per_s", "pass_s", "first_pass_s", "recompiles",
+                   "energy_err_ev", "force_err_ev_a", "force_rel_err"}
 RECORD_KEYS = {"date", "gpu", "torch", "model", "natoms", "impl", "median_ms", "p90_ms",
                "force_rel_err", "warmup_s", "peak_mem_gib", "recompiles"}
 
@@ -151,3 +163,64 @@ def test_stream_builds_each_calculator_once_and_calls_it_on_every_structure(tmp_
                             "total_s", "first_result_s", "call_s"}
     plot_stream(records, tmp_path / "stream.png")
     assert (tmp_path / "stream.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_throughput_sets_are_256_copper_cells_and_64_mixed_structures_all_rattled_apart():
+    (copper_name, cells), (mixed_name, mixed) = throughput_sets().items()
+    assert (copper_name, mixed_name) == ("fcc Cu 64 atoms x 256", "mixed 32-500 atoms x 64")
+    assert len(cells) == 256 and {len(a) for a in cells} == {64}
+    assert len(mixed) == 64 and all(32 <= len(a) <= 500 for a in mixed)
+    assert len({len(a) for a in mixed}) >= 8
+    for structures in (cells, mixed):
+        assert len({a.positions.tobytes() for a in structures}) == len(structures)
+    for small in (False, True):
+        numbers = {int(z) for s in throughput_sets(small).values() for a in s for z in a.numbers}
+        assert numbers <= set(PET_ELEMENTS)
+
+
+def test_throughput_times_each_evaluator_over_the_set_beside_its_error(tmp_path):
+    structures = next(iter(throughput_sets(small=True).values()))
+    fastcalc = PotentialCalculator(morse_energy, CUTOFF, device="cpu")
+    evaluators = {
+        "fastcalc": lambda: one_at_a_time(fastcalc),
+        "fastcalc-many": lambda: many_at_once(fastcalc),
+        "ase": lambda: in_chunks(one_at_a_time(ase_morse())),
+    }
+    records = time_throughput(evaluators, structures, "morse", "small", passes=2,
+                              reference=lambda: one_at_a_time(ase_morse()))
+    assert [r.impl for r in records] == ["fastcalc", "fastcalc-many", "ase"]
+    for record in records:
+        assert (record.structures, record.atoms, len(record.pass_s)) == (3, 96, 2)
+        assert record.structures_per_s == pytest.approx(3 / np.median(record.pass_s))
+        assert record.first_pass_s > 0 and record.recompiles == 0
+    errors = {r.impl: (r.energy_err_ev, r.force_err_ev_a, r.force_rel_err) for r in records}
+    assert errors["ase"] == (0.0, 0.0, 0.0)
+    for impl in ("fastcalc", "fastcalc-many"):
+        energy, force, relative = errors[impl]
+        assert energy < 1e-4 and 0 < force < 1e-4 and relative < 1e-5
+    write_records(records, tmp_path / "throughput.json")
+    rows = json.loads((tmp_path / "throughput.json").read_text())
+    assert set(rows[0]) == THROUGHPUT_KEYS
+    plot_throughput(records, tmp_path / "throughput.png")
+    assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_upstream_batches_are_cut_at_max_atoms_in_order():
+    structures = [copper(32)] * 5 + [copper(108), copper(32)]
+    seen = []
+
+    def evaluate(batch):
+        seen.append([len(atoms) for atoms in batch])
+        return [(float(index), np.zeros((len(atoms), 3))) for index, atoms in enumerate(batch)]
+
+    results = in_chunks(evaluate, max_atoms=64)(structures)
+    assert seen == [[32, 32], [32, 32], [32], [108], [32]]
+    assert [energy for energy, _ in results] == [0, 1, 0, 1, 0, 0, 0]
+
+
+def test_a_structure_evaluate_many_refuses_fails_the_throughput_pass():
+    broken = copper(32)
+    broken.positions[3] = np.nan
+    calc = PotentialCalculator(morse_energy, CUTOFF, device="cpu")
+    with pytest.raises(InvalidAtomsError, match="positions of atoms \\[3\\]"):
+        many_at_once(calc)([copper(32), broken])

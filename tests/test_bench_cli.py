@@ -24,6 +24,9 @@ from fastcalc.cli import default_out, main
 
 RECORD_KEYS = {"date", "gpu", "torch", "model", "natoms", "impl", "median_ms", "p90_ms",
                "force_rel_err", "warmup_s", "peak_mem_gib", "recompiles"}
+THROUGHPUT_KEYS = {"date", "gpu", "torch", "model", "impl", "structure_set", "structures",
+                   "atoms", "structures_per_s", "pass_s", "first_pass_s", "recompiles",
+                   "energy_err_ev", "force_err_ev_a", "force_rel_err"}
 STREAM_KEYS = {"date", "gpu", "torch", "model", "impl", "structures", "calls", "total_s",
                "first_result_s", "call_s"}
 NEW = Path("fastcalc-bench-new")
@@ -38,6 +41,8 @@ def runs(monkeypatch) -> list:
                         lambda name, **options: runs.append(("sizes", name, options)))
     monkeypatch.setattr(cli, "run_stream",
                         lambda names, **options: runs.append(("stream", names, options)))
+    monkeypatch.setattr(cli, "run_throughput",
+                        lambda names, **options: runs.append(("throughput", names, options)))
     monkeypatch.setattr(cli, "default_out", lambda now: NEW)
     return runs
 
@@ -77,6 +82,18 @@ def test_the_stream_workload_runs_10_calls_per_structure_or_2_when_small(runs):
         ("stream", ["pet", "uma"], dict(device="cpu", calls=10, out=Path("here"), small=False)),
         ("stream", ["pet"], dict(device="cpu", calls=2, out=NEW, small=True)),
         ("stream", ["uma"], dict(device="cpu", calls=4, out=NEW, small=False)),
+    ]
+
+
+def test_the_throughput_workload_runs_3_passes_per_set_or_1_when_small(runs):
+    main(["bench", "--workload", "throughput", "--device", "cpu", "--out", "here"])
+    main(["bench", "uma", "--workload", "throughput", "--small", "--device", "cpu"])
+    main(["bench", "pet", "--workload", "throughput", "--calls", "5", "--device", "cpu"])
+    assert runs == [
+        ("throughput", ["pet", "uma"], dict(device="cpu", passes=3, out=Path("here"),
+                                            small=False)),
+        ("throughput", ["uma"], dict(device="cpu", passes=1, out=NEW, small=True)),
+        ("throughput", ["pet"], dict(device="cpu", passes=5, out=NEW, small=False)),
     ]
 
 
@@ -179,6 +196,29 @@ def test_small_stream_times_both_models_over_three_structures(tmp_path, capsys):
         assert 0 < row["first_result_s"] < row["total_s"]
     assert (tmp_path / "stream.png").read_bytes()[:4] == b"\x89PNG"
     assert "on 3 structures, largest force difference" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("compile_nothing")
+def test_small_throughput_times_both_models_one_at_a_time_and_batched(tmp_path, capsys):
+    main(["bench", "--workload", "throughput", "--small", "--device", "cpu",
+          "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "throughput.json").read_text())
+    sets = ["fcc Cu 32 atoms x 3", "mixed 12-32 atoms x 3"]
+    assert [(row["model"], row["structure_set"], row["impl"]) for row in rows] == [
+        (model, structure_set, impl)
+        for model, upstream in (("pet-tiny-random", "metatomic"), ("uma-tiny-random", "fairchem"))
+        for structure_set in sets
+        for impl in ("fastcalc", "fastcalc-many", f"{upstream}-batched")
+    ]
+    for row in rows:
+        assert set(row) == THROUGHPUT_KEYS and row["structures"] == 3 and len(row["pass_s"]) == 1
+        assert row["structures_per_s"] > 0 and row["first_pass_s"] > 0
+        assert row["recompiles"] == 0
+        # float32 against float64 fastcalc, same model (the upstream's batched path too)
+        assert row["energy_err_ev"] < 1e-3 and row["force_rel_err"] < 1e-4
+    assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "| model | structures | impl | structures/s | first pass s | max dE eV |" in printed
 
 
 def test_the_agreement_check_passes_one_model_and_refuses_another():

@@ -2,6 +2,7 @@
 
 ``timing`` times any ASE calculators side by side and records the results with
 their force errors; ``stream`` times calculators over a list of different structures;
+``throughput`` times structures per second over a set, one at a time and batched;
 ``upstream`` builds random-weight upstream models (metatrain's PET, fairchem's UMA)
 and the upstream calculators, for the benchmarks and the tests; ``suite`` is what
 ``fastcalc bench`` runs.

@@ -12,6 +12,9 @@ are checked to agree. Two workloads, everything in float32 with TF32 off:
 - ``first-result`` (``run_first_result``): ``time_first_results``, fresh processes from
   start to first result, compile caches cold and warm; records in
   ``{out}/first_result.json``.
+- ``throughput`` (``run_throughput``): ``time_throughput``, structures per second over two
+  sets, fastcalc one at a time and through ``evaluate_many`` against the upstream's
+  batched path; records in ``{out}/throughput.json`` and ``throughput.png``.
 
 - PET: metatrain's PET (Cu and Ag), exported to a metatomic ``.pt``. fastcalc's
   ``CompiledPETCalculator`` (default compile mode: CUDA graphs on CUDA) against
@@ -44,6 +47,17 @@ from ..registry import families
 from ..uma import BucketedCalculator
 from .first_result import FirstResultRecord, time_first_results
 from .stream import StreamRecord, plot_stream, stream_structures, time_stream
+from .throughput import (
+    Evaluator,
+    ThroughputRecord,
+    in_chunks,
+    many_at_once,
+    one_at_a_time,
+    plot_throughput,
+    throughput_sets,
+    throughput_table,
+    time_throughput,
+)
 from .timing import (
     BenchRecord,
     copper,
@@ -57,8 +71,10 @@ from .upstream import (
     build_checkpoint,
     default_backbone,
     export_pet,
+    fairchem_batched,
     fairchem_calculator,
     fairchem_preset_calculator,
+    metatomic_batched,
     metatomic_calculator,
 )
 
@@ -71,6 +87,7 @@ __all__ = [
     "run_benchmark",
     "run_first_result",
     "run_stream",
+    "run_throughput",
     "uma_contest",
 ]
 
@@ -105,7 +122,8 @@ class Contest:
 
     ``contenders`` are the timed calculators (the headline upstream first, fastcalc
     last); ``pairs`` lists the (upstream, fastcalc) contenders compared in the printed
-    tables; ``streamed`` names those that the ``stream`` workload runs.
+    tables; ``streamed`` names those that the ``stream`` workload runs; ``batched``
+    builds the upstream's batched path for the ``throughput`` workload.
     """
 
     model: str
@@ -117,6 +135,7 @@ class Contest:
     contenders: Callable[[], dict[str, Callable[[], Calculator]]]  # timed, for one size
     pairs: tuple[tuple[str, str], ...]
     streamed: tuple[str, ...]
+    batched: Callable[[], Evaluator]
 
 
 def _once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
@@ -150,6 +169,7 @@ def pet_contest(folder: Path, device: str, small: bool) -> Contest:
         contenders=lambda: factories,
         pairs=(("metatomic", "fastcalc"),),
         streamed=("metatomic", "fastcalc"),
+        batched=lambda: metatomic_batched(path, device),
     )
 
 
@@ -197,6 +217,7 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
             ("fairchem-tf32", "fastcalc-tf32"),
         ),
         streamed=("fairchem", "fastcalc"),
+        batched=lambda: fairchem_batched(path, "omat", device),
     )
 
 
@@ -382,4 +403,49 @@ def run_first_result(
     print(f"\nfirst results in fresh processes on {records[0].gpu}, torch {records[0].torch}: "
           f"wrote {path}\n\n| model | atoms | impl | compile caches | first result s |\n"
           f"|---|---:|---|---|---:|\n{rows}\n", flush=True)
+    return records
+
+
+def run_throughput(
+    names: list[str], *, device: str, passes: int, out: Path, small: bool = False
+) -> list[ThroughputRecord]:
+    """The ``throughput`` workload for models ``names`` (keys of ``MODELS``): write
+    ``{out}/throughput.json`` (rewritten after each set) and ``throughput.png``.
+
+    Per model: ``fastcalc`` (the calculator on one structure after another through ASE)
+    and ``fastcalc-many`` (its ``evaluate_many``) share one calculator, built once for
+    both sets, as in one script; the upstream's batched path (``{upstream}-batched``, in
+    runs of at most ``MAX_ATOMS`` atoms, as ``evaluate_many`` batches) is built afresh
+    for each set, since fairchem's fallback from its fast path is for good.
+    """
+    _torch_settings()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "throughput.json"
+    sets = throughput_sets(small)
+    records: list[ThroughputRecord] = []
+    for name in names:
+        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*compiles the model at its first call.*")
+            contest = MODELS[name](Path(folder), device, small)
+            first = next(iter(sets.values()))[0]
+            agreement = check_agreement(contest.reference(), contest.eager(), first)
+            print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32, "
+                  f"{len(first)} atoms), relative differences {agreement}", flush=True)
+            fastcalc = contest.contenders()["fastcalc"]
+            evaluators = {
+                "fastcalc": lambda: one_at_a_time(fastcalc()),
+                "fastcalc-many": lambda: many_at_once(fastcalc()),
+                f"{contest.upstream}-batched": lambda: in_chunks(contest.batched()),
+            }
+            for structure_set, structures in sets.items():
+                records += time_throughput(
+                    evaluators, structures, contest.model, structure_set,
+                    reference=lambda: one_at_a_time(contest.accurate()), passes=passes,
+                    progress=_bar(f"{contest.model}, {structure_set}"),
+                )
+                write_records(records, path)
+    plot_throughput(records, path.with_suffix(".png"))
+    print(f"\nthroughput on {records[0].gpu}, torch {records[0].torch}: wrote {path} and "
+          f"{path.with_suffix('.png').name}; differences against eager float64 fastcalc\n\n"
+          f"{throughput_table(records)}\n", flush=True)
     return records

@@ -34,6 +34,7 @@ __all__ = [
     "plot_records",
     "ratio_table",
     "reference_forces",
+    "synchronize",
     "time_calculators",
     "timed_call",
     "today",
@@ -80,17 +81,18 @@ def today() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
-def _sync() -> None:
+def synchronize() -> None:
+    """Wait for the CUDA device's queued work (nothing on the CPU)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
 
 def timed_call(calc: Calculator, atoms: Atoms) -> float:
     """Seconds of one synchronised energy + forces + stress evaluation of ``atoms``."""
-    _sync()
+    synchronize()
     start = time.perf_counter()
     calc.calculate(atoms, ["energy", "forces", "stress"], all_changes)
-    _sync()
+    synchronize()
     return time.perf_counter() - start
 
 

@@ -2,7 +2,8 @@
 
 fastcalc is checked and timed against the implementations it replaces: metatrain's PET
 exported to metatomic and run by metatomic's ASE calculator, and UMA checkpoints built
-with fairchem-core's own classes and run by fairchem's ASE calculator. metatrain,
+with fairchem-core's own classes and run by fairchem's ASE calculator; for lists of
+structures, each one's batched path (``metatomic_batched``, ``fairchem_batched``). metatrain,
 metatomic-ase and fairchem-core are references, not requirements of fastcalc, so they are
 imported inside the functions that need them.
 """
@@ -14,9 +15,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+from ase import Atoms
 from ase.calculators.calculator import Calculator
+
+from ..calculator import to_host
+from .throughput import Evaluator, Results
+
+if TYPE_CHECKING:
+    from fairchem.core.units.mlip_unit.predict import MLIPPredictUnit
 
 __all__ = [
     "DATASETS",
@@ -25,8 +35,11 @@ __all__ = [
     "build_checkpoint",
     "default_backbone",
     "export_pet",
+    "fairchem_batched",
     "fairchem_calculator",
     "fairchem_preset_calculator",
+    "fairchem_preset_unit",
+    "metatomic_batched",
     "metatomic_calculator",
     "pet_model",
 ]
@@ -277,6 +290,28 @@ def fairchem_calculator(
     return FAIRChemCalculator(unit, task_name=task)
 
 
+def fairchem_preset_unit(
+    path: Path,
+    device: str,
+    preset: str = "high-precision",
+    execution_mode: str | None = None,
+) -> MLIPPredictUnit:
+    """fairchem's predict unit as a user gets it from a named inference preset.
+
+    ``high-precision`` is float32 without TF32, merged experts and ``torch.compile``,
+    with the execution backend left to fairchem (``umas_fast_gpu`` for lmax = mmax = 2
+    on CUDA, else ``general``); ``execution_mode`` overrides that choice.
+    """
+    with _needs("fairchem-core"):
+        from fairchem.core.units.mlip_unit import load_predict_unit
+        from fairchem.core.units.mlip_unit.api.inference import guess_inference_settings
+
+    settings = guess_inference_settings(preset)
+    if execution_mode is not None:
+        settings = replace(settings, execution_mode=execution_mode)
+    return load_predict_unit(str(path), inference_settings=settings, device=device)
+
+
 def fairchem_preset_calculator(
     path: Path,
     task: str,
@@ -284,19 +319,50 @@ def fairchem_preset_calculator(
     preset: str = "high-precision",
     execution_mode: str | None = None,
 ) -> Calculator:
-    """fairchem's ASE calculator as a user gets it from a named inference preset.
-
-    ``high-precision`` is float32 without TF32, merged experts and ``torch.compile``,
-    with the execution backend left to fairchem (``umas_fast_gpu`` for lmax = mmax = 2
-    on CUDA, else ``general``); ``execution_mode`` overrides that choice.
-    """
+    """fairchem's ASE calculator on :func:`fairchem_preset_unit`."""
     with _needs("fairchem-core"):
         from fairchem.core.calculate.ase_calculator import FAIRChemCalculator
-        from fairchem.core.units.mlip_unit import load_predict_unit
-        from fairchem.core.units.mlip_unit.api.inference import guess_inference_settings
 
-    settings = guess_inference_settings(preset)
-    if execution_mode is not None:
-        settings = replace(settings, execution_mode=execution_mode)
-    unit = load_predict_unit(str(path), inference_settings=settings, device=device)
+    unit = fairchem_preset_unit(path, device, preset, execution_mode)
     return FAIRChemCalculator(unit, task_name=task)
+
+
+def fairchem_batched(path: Path, task: str, device: str) -> Evaluator:
+    """fairchem's batched path: each list of structures converted to ``AtomicData``,
+    collated into one batch and evaluated by one call of the predict unit of
+    :func:`fairchem_preset_unit` (``high-precision``, as the ``fairchem`` contender).
+
+    A batch of several compositions breaks the merged experts' contract: fairchem then
+    falls back, for this unit's later calls too, to its unmerged model uncompiled.
+    """
+    with _needs("fairchem-core"):
+        from fairchem.core.datasets.atomic_data import AtomicData, atomicdata_list_to_batch
+
+    unit = fairchem_preset_unit(path, device)
+    dtype = unit.inference_settings.base_precision_dtype
+
+    def evaluate(structures: list[Atoms]) -> Results:
+        batch = atomicdata_list_to_batch(
+            [AtomicData.from_ase(atoms, task_name=task, target_dtype=dtype) for atoms in structures]
+        )
+        predicted = unit.predict(batch)
+        energies, forces, _ = to_host(
+            predicted["energy"], predicted["forces"], predicted["stress"]
+        )
+        split = np.cumsum([len(atoms) for atoms in structures])[:-1]
+        return list(zip(energies.reshape(-1).tolist(), np.split(forces, split)))
+
+    return evaluate
+
+
+def metatomic_batched(path: Path, device: str) -> Evaluator:
+    """metatomic's batched path: each list of structures evaluated by one call of its ASE
+    calculator's ``compute_energy`` (one model call for all, forces and stresses by one
+    backward pass)."""
+    calculator = metatomic_calculator(path, device)
+
+    def evaluate(structures: list[Atoms]) -> Results:
+        out = calculator.compute_energy(list(structures), compute_forces_and_stresses=True)
+        return list(zip(np.asarray(out["energy"], dtype=np.float64).tolist(), out["forces"]))
+
+    return evaluate
