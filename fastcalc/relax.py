@@ -13,8 +13,7 @@ ASE's own :class:`~ase.filters.FrechetCellFilter` for the cell's degrees of free
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +25,7 @@ from tqdm.auto import tqdm
 
 from .calculator import InvalidAtomsError, TorchCalculator, spans_volume
 
-__all__ = ["FireParameters", "FireState", "Relaxed", "relax_many"]
+__all__ = ["FireParameters", "FireState", "Relaxed", "irelax", "relax_many"]
 
 
 @dataclass(frozen=True)
@@ -186,6 +185,29 @@ def relax_many(
     others go on. Each structure follows ASE's FIRE with parameters ``fire`` step for step,
     to rounding. A progress bar counts finished structures unless ``progress`` is False.
     """
+    out: list[Relaxed | None] = [None] * len(structures)
+    finished = irelax(structures, calc, fmax=fmax, max_steps=max_steps, cell=cell,
+                      max_atoms=max_atoms, fire=fire)
+    with tqdm(total=len(structures), unit="structure", disable=not progress) as bar:
+        for index, relaxed in finished:
+            out[index] = relaxed
+            bar.update(1)
+    return out
+
+
+def irelax(
+    structures: Iterable[Atoms],
+    calc: TorchCalculator,
+    *,
+    fmax: float = 0.05,
+    max_steps: int = 500,
+    cell: bool = False,
+    max_atoms: int = 8192,
+    fire: FireParameters = FireParameters(),
+) -> Iterator[tuple[int, Relaxed]]:
+    """:func:`relax_many` as a generator: ``(input index, Relaxed)`` in the order the
+    relaxations finish, ``structures`` read only as places in the batch free up, so that
+    a long stream can be relaxed and its results written as they come."""
     if not fmax > 0:
         raise ValueError(f"fmax must be positive, got {fmax:g} eV/A")
     if max_steps < 0:
@@ -193,34 +215,50 @@ def relax_many(
     if max_atoms < 1:
         raise ValueError(f"max_atoms must be at least 1, got {max_atoms}")
     if not hasattr(calc, "evaluate_many"):
-        raise TypeError(f"relax_many needs a fastcalc calculator (with evaluate_many), "
-                        f"got {type(calc).__name__}")
-    out: list[Relaxed | None] = [None] * len(structures)
-    waiting: deque[tuple[int, Atoms]] = deque()
-    for index, atoms in enumerate(structures):
-        error = _cell_error(atoms) if cell else None
-        if error is None:
-            waiting.append((index, atoms))
-        else:
-            out[index] = Relaxed(atoms.copy(), 0, False, error)
+        raise TypeError(f"relaxing in batches needs a fastcalc calculator (with "
+                        f"evaluate_many), got {type(calc).__name__}")
+    return _relax_in_flight(iter(enumerate(structures)), calc, fmax, max_steps, cell,
+                            max_atoms, fire)
+
+
+def _relax_in_flight(
+    waiting: Iterator[tuple[int, Atoms]],
+    calc: TorchCalculator,
+    fmax: float,
+    max_steps: int,
+    cell: bool,
+    max_atoms: int,
+    fire: FireParameters,
+) -> Iterator[tuple[int, Relaxed]]:
+    """The loop of :func:`irelax`: fill the batch from ``waiting`` (in order, within
+    ``max_atoms`` atoms; an empty batch takes the next structure whatever its size),
+    evaluate it in one call, then step each structure or let it go."""
     batch: list[_Running] = []
-    with tqdm(total=len(structures), initial=len(structures) - len(waiting), unit="structure",
-              disable=not progress) as bar:
-        while waiting or batch:
-            _fill(batch, waiting, max_atoms, cell, fire)
-            results = calc.evaluate_many([running.atoms for running in batch],
-                                         max_atoms=max_atoms)
-            still = []
-            for running, result in zip(batch, results):
-                relaxed = running.advance(result, fmax, max_steps)
-                if relaxed is None:
-                    still.append(running)
-                else:
-                    out[running.index] = relaxed
-                    bar.update(1)
-            batch = still
-            bar.set_postfix(in_batch=len(batch), refresh=False)
-    return out
+    following = next(waiting, None)
+    while following is not None or batch:
+        atoms_in_batch = sum(len(running.atoms) for running in batch)
+        while following is not None and (
+            not batch or atoms_in_batch + len(following[1]) <= max_atoms
+        ):
+            index, atoms = following
+            following = next(waiting, None)
+            error = _cell_error(atoms) if cell else None
+            if error is not None:
+                yield index, Relaxed(atoms.copy(), 0, False, error)
+                continue
+            batch.append(_Running(index, atoms.copy(), cell, fire))
+            atoms_in_batch += len(atoms)
+        if not batch:  # the last ones waiting had no cell to relax
+            return
+        results = calc.evaluate_many([running.atoms for running in batch], max_atoms=max_atoms)
+        still = []
+        for running, result in zip(batch, results):
+            relaxed = running.advance(result, fmax, max_steps)
+            if relaxed is None:
+                still.append(running)
+            else:
+                yield running.index, relaxed
+        batch = still
 
 
 def _cell_error(atoms: Atoms) -> InvalidAtomsError | None:
@@ -230,19 +268,3 @@ def _cell_error(atoms: Atoms) -> InvalidAtomsError | None:
         return None
     return InvalidAtomsError(f"a cell relaxation needs three finite, linearly independent "
                              f"cell vectors: cell={cell.tolist()}")
-
-
-def _fill(
-    batch: list[_Running],
-    waiting: deque[tuple[int, Atoms]],
-    max_atoms: int,
-    cell: bool,
-    fire: FireParameters,
-) -> None:
-    """Move waiting structures (copies) into ``batch``, in order, while the batch stays
-    within ``max_atoms`` atoms; an empty batch takes the next one whatever its size."""
-    atoms_in_batch = sum(len(running.atoms) for running in batch)
-    while waiting and (not batch or atoms_in_batch + len(waiting[0][1]) <= max_atoms):
-        index, atoms = waiting.popleft()
-        batch.append(_Running(index, atoms.copy(), cell, fire))
-        atoms_in_batch += len(atoms)

@@ -9,7 +9,7 @@ from ase.optimize import FIRE
 from pair_potential import morse_calculator
 
 from fastcalc import InvalidAtomsError, relax_many
-from fastcalc.relax import FireParameters
+from fastcalc.relax import FireParameters, irelax
 
 FMAX = 0.05
 
@@ -146,6 +146,22 @@ def test_in_flight_batches_stay_within_the_budget_and_match_one_batch(calc, monk
     assert len(first) < len(structures)
     # a structure joined a batch while one of the first was still relaxing
     assert any(set(batch) & first and set(batch) - first for batch in batches)
+
+
+def test_irelax_reads_structures_as_places_in_the_batch_free_up(calc):
+    read = []
+
+    def stream():
+        for seed in range(3):
+            read.append(seed)
+            yield crystal(1, seed)
+
+    finished = irelax(stream(), calc, fmax=FMAX, max_steps=3, max_atoms=4)
+    assert read == []
+    index, relaxed = next(finished)
+    assert (index, relaxed.steps) == (0, 3)
+    assert read == [0, 1]  # the batch of one, and the next one looked at
+    assert [index for index, _ in finished] == [1, 2]
 
 
 def test_max_steps_zero_evaluates_only(calc):
