@@ -122,7 +122,8 @@ class Relaxed:
 
     @property
     def forces(self) -> np.ndarray | None:
-        """Forces (N, 3) eV/Å at the last geometry; None after an error."""
+        """Forces (N, 3) eV/Å at the last geometry, as the model gives them (constraints
+        not applied); None after an error."""
         return self._result("forces")
 
     @property
