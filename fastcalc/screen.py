@@ -2,9 +2,9 @@
 
 :func:`screen` takes structures one at a time, hands each to :func:`screen_structure`
 (in this process, or on Ray actors that each hold one calculator; relaxations in this
-process with a fastcalc calculator go through :func:`fastcalc.relax.irelax` instead, many
-structures per model call, step for step the same FIRE) and appends each result
-to an extended XYZ file as soon as it finishes, flushed, tagged with its input index
+process with a calculator that evaluates batches go through :func:`fastcalc.relax.irelax`
+instead, many structures per model call, step for step the same FIRE) and appends each
+result to an extended XYZ file as soon as it finishes, flushed, tagged with its input index
 (``info["screen_index"]``). A run that is killed keeps what it wrote, and
 ``resume=True`` does only the indices the file lacks. A structure the model cannot
 evaluate is written with its error (``info["screen_error"]``) and the run goes on.
@@ -249,10 +249,12 @@ def _serial(
     relax: tuple[float, int] | None = None,
 ) -> Iterator[Atoms]:
     """Results of ``todo`` with one calculator in this process, in input order; given
-    ``relax`` (fmax, max_steps) and a calculator with ``evaluate_many``, relaxed in batches
-    instead (:func:`fastcalc.relax.irelax`), in the order they finish."""
+    ``relax`` (fmax, max_steps) and a calculator that evaluates batches (UMA's), relaxed in
+    batches instead (:func:`fastcalc.relax.irelax`), in the order they finish. Others
+    relax one at a time: their ``evaluate_many`` would loop anyway, and alternating
+    structures would redo the neighbour search at every step."""
     calculator = calculator_factory()
-    if relax is not None and hasattr(calculator, "evaluate_many"):
+    if relax is not None and getattr(calculator, "evaluates_batches", False):
         indices = []
 
         def structures() -> Iterator[Atoms]:
@@ -387,7 +389,7 @@ def screen(
 
     Each frame carries its position in ``structures`` as ``info["screen_index"]``; results
     of several workers come in the order they finish. Without workers, a relaxation with a
-    calculator that has ``evaluate_many`` (fastcalc's) runs many structures at once
+    calculator that evaluates batches (``evaluates_batches``: UMA) runs many at once
     (:func:`fastcalc.relax.irelax`, the same FIRE), its results in the order they finish
     too. ``calculator_factory()`` builds a
     calculator: once in this process (``workers=None``), or once in each of ``workers`` Ray

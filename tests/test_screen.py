@@ -126,10 +126,9 @@ def test_relax_matches_ases_fire_on_the_same_structure(calculator, tmp_path):
                                                          abs=1e-3)
 
 
-def test_serial_relaxations_run_in_one_batch_and_match_screen_structure(
-    calculator, tmp_path, monkeypatch
-):
-    inputs = [copper(1, 0), nan_positions(), copper((2, 1, 1), 1)]
+def test_serial_relaxations_run_in_one_batch_and_match_screen_structure(tmp_path, monkeypatch):
+    calculator = load_calculator("uma-demo-cu", device="cpu")  # evaluates batches
+    inputs = [copper(1, 0), nan_positions(), copper(1, 1)]  # one composition: one graph
     batches = []
     evaluate_many = calculator.evaluate_many
 
