@@ -1,8 +1,10 @@
 """Screening many structures: evaluate or relax each with a model, keeping every result.
 
 :func:`screen` takes structures one at a time, hands each to :func:`screen_structure`
-(in this process, or on Ray actors that each hold one calculator) and appends each result
-to an extended XYZ file as soon as it finishes, flushed, tagged with its input index
+(in this process, or on Ray actors that each hold one calculator; relaxations in this
+process with a calculator that evaluates batches go through :func:`fastcalc.relax.irelax`
+instead, many structures per model call, step for step the same FIRE) and appends each
+result to an extended XYZ file as soon as it finishes, flushed, tagged with its input index
 (``info["screen_index"]``). A run that is killed keeps what it wrote, and
 ``resume=True`` does only the indices the file lacks. A structure the model cannot
 evaluate is written with its error (``info["screen_error"]``) and the run goes on.
@@ -29,6 +31,7 @@ from ase.optimize import FIRE
 from tqdm.auto import tqdm
 
 from .calculator import InvalidAtomsError
+from .relax import Relaxed, irelax
 
 __all__ = [
     "OUTPUT_SUFFIXES",
@@ -123,13 +126,36 @@ def screen_structure(
         if result.pbc.all():
             properties["stress"] = result.get_stress()
     except STRUCTURE_ERRORS as error:
-        failed = atoms.copy()
-        failed.info["screen_error"] = " ".join(str(error).split())
-        return failed
+        return _failed(atoms.copy(), error)
+    return _with_results(result, properties)
+
+
+def _failed(atoms: Atoms, error: Exception) -> Atoms:
+    """``atoms`` with the message of ``error`` in one line as ``info["screen_error"]``."""
+    atoms.info["screen_error"] = " ".join(str(error).split())
+    return atoms
+
+
+def _with_results(atoms: Atoms, properties: dict[str, Any]) -> Atoms:
+    """``atoms`` holding ``properties`` on a SinglePointCalculator, its ``info`` and
+    ``arrays`` entries named like a result dropped."""
     for key in _RESULT_KEYS:
-        result.info.pop(key, None)
-        result.arrays.pop(key, None)
-    result.calc = SinglePointCalculator(result, **properties)
+        atoms.info.pop(key, None)
+        atoms.arrays.pop(key, None)
+    atoms.calc = SinglePointCalculator(atoms, **properties)
+    return atoms
+
+
+def _relaxed_result(relaxed: Relaxed) -> Atoms:
+    """What :func:`screen_structure` gives with ``relax``, from a batched relaxation; a
+    structure that fails after some steps is written where it failed."""
+    if relaxed.error is not None:
+        return _failed(relaxed.atoms, relaxed.error)
+    properties = {"energy": relaxed.energy, "forces": relaxed.forces}
+    if relaxed.atoms.pbc.all():
+        properties["stress"] = relaxed.stress
+    result = _with_results(relaxed.atoms, properties)
+    result.info.update(screen_steps=relaxed.steps, screen_converged=relaxed.converged)
     return result
 
 
@@ -217,10 +243,32 @@ Work = Callable[[Calculator, Atoms], Atoms]
 
 
 def _serial(
-    todo: Iterator[tuple[int, Atoms]], calculator_factory: Callable[[], Calculator], work: Work
+    todo: Iterator[tuple[int, Atoms]],
+    calculator_factory: Callable[[], Calculator],
+    work: Work,
+    relax: tuple[float, int] | None = None,
 ) -> Iterator[Atoms]:
-    """Results of ``todo`` with one calculator in this process, in input order."""
+    """Results of ``todo`` with one calculator in this process, in input order; given
+    ``relax`` (fmax, max_steps) and a calculator that evaluates batches (UMA's), relaxed in
+    batches instead (:func:`fastcalc.relax.irelax`), in the order they finish. Others
+    relax one at a time: their ``evaluate_many`` would loop anyway, and alternating
+    structures would redo the neighbour search at every step."""
     calculator = calculator_factory()
+    if relax is not None and getattr(calculator, "evaluates_batches", False):
+        indices = []
+
+        def structures() -> Iterator[Atoms]:
+            for index, atoms in todo:
+                indices.append(index)
+                yield atoms
+
+        fmax, max_steps = relax
+        for position, relaxed in irelax(structures(), calculator, fmax=fmax,
+                                        max_steps=max_steps):
+            result = _relaxed_result(relaxed)
+            result.info["screen_index"] = indices[position]
+            yield result
+        return
     for index, atoms in todo:
         result = work(calculator, atoms)
         result.info["screen_index"] = index
@@ -340,7 +388,10 @@ def screen(
     appending each result to the extended XYZ file ``out`` as it finishes.
 
     Each frame carries its position in ``structures`` as ``info["screen_index"]``; results
-    of several workers come in the order they finish. ``calculator_factory()`` builds a
+    of several workers come in the order they finish. Without workers, a relaxation with a
+    calculator that evaluates batches (``evaluates_batches``: UMA) runs many at once
+    (:func:`fastcalc.relax.irelax`, the same FIRE), its results in the order they finish
+    too. ``calculator_factory()`` builds a
     calculator: once in this process (``workers=None``), or once in each of ``workers`` Ray
     actors (each with one CPU and ``gpus_per_worker`` GPUs; the factory must pickle). An
     existing ``out`` is refused unless ``resume``, which skips the indices it holds. A
@@ -363,7 +414,8 @@ def screen(
 
     work = partial(screen_structure, relax=relax, fmax=fmax, max_steps=max_steps)
     if workers is None:
-        results = _serial(todo(), calculator_factory, work)
+        batched = (fmax, max_steps) if relax else None
+        results = _serial(todo(), calculator_factory, work, batched)
     else:
         results = _on_ray(todo(), calculator_factory, work, workers, gpus_per_worker)
     total = len(set(range(len(structures))) - done) if isinstance(structures, Sized) else None

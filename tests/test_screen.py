@@ -126,6 +126,35 @@ def test_relax_matches_ases_fire_on_the_same_structure(calculator, tmp_path):
                                                          abs=1e-3)
 
 
+def test_serial_relaxations_run_in_one_batch_and_match_screen_structure(tmp_path, monkeypatch):
+    calculator = load_calculator("uma-demo-cu", device="cpu")  # evaluates batches
+    inputs = [copper(1, 0), nan_positions(), copper(1, 1)]  # one composition: one graph
+    batches = []
+    evaluate_many = calculator.evaluate_many
+
+    def spy(structures, **kwargs):
+        batches.append(len(structures))
+        return evaluate_many(structures, **kwargs)
+
+    monkeypatch.setattr(calculator, "evaluate_many", spy)
+    summary = screen(inputs, lambda: calculator, tmp_path / "out.extxyz", relax=True,
+                     progress=False)
+    monkeypatch.undo()
+    assert (summary.done, summary.failed) == (2, 1)
+    assert batches[0] == 3 and len(batches) > 1
+    frames = by_index(tmp_path / "out.extxyz")
+    assert "NaN" in frames[1].info["screen_error"] and frames[1].calc is None
+    for index in (0, 2):
+        expected = screen_structure(calculator, inputs[index], relax=True)  # ASE's FIRE
+        for key in ("screen_steps", "screen_converged"):
+            assert frames[index].info[key] == expected.info[key]
+        np.testing.assert_allclose(frames[index].positions, expected.positions, atol=1e-5)
+        assert frames[index].get_potential_energy() == pytest.approx(  # float32
+            expected.get_potential_energy(), abs=1e-6)
+        np.testing.assert_allclose(frames[index].get_stress(), expected.get_stress(),
+                                   rtol=1e-5, atol=1e-7)
+
+
 def test_a_relaxation_cut_short_by_max_steps_reports_not_converged(calculator):
     start = copper((2, 1, 1), 5)
     start.rattle(0.1, seed=6)
