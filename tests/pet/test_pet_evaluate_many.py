@@ -146,8 +146,11 @@ def test_a_compiled_batch_graph_serves_every_batch_shape(compile_model):
                               cache_dir=False)
         for mode in ("default", "eager")
     )
-    structures = mixed(charged=True)
-    for batch in (structures[:2], structures[2:]):
+    structures = {kind: atoms for kind, atoms in zip(STRUCTURES, mixed(charged=True))}
+    # 8 and 16 padded atoms (as the single-structure compile test), 4 and 8 systems
+    small = [structures["tiny"], structures["single"]]
+    large = [structures[kind] for kind in ("molecule", "tiny", "isolated", "single")]
+    for batch in (small, large):
         for ours, theirs in zip(compiled.evaluate_many(batch), eager.evaluate_many(batch)):
             assert_same(ours, {key: value for key, value in theirs.items() if key != "free_energy"})
     stats = compiled._batch_runner.stats
