@@ -30,11 +30,13 @@ import torch
 
 __all__ = [
     "ATOM_FRACTION",
+    "BATCH_STEP",
     "EDGE_FRACTION",
     "PaddedEdges",
     "atom_mask",
     "pad_atoms",
     "pad_edges",
+    "pad_systems",
     "padded_size",
     "padding_cell",
     "padding_shift",
@@ -44,6 +46,8 @@ __all__ = [
 EDGE_FRACTION = 64
 #: Each doubling of an atom count has this many buckets (padding at most 1/8).
 ATOM_FRACTION = 8
+#: Batches of systems are padded with empty systems to multiples of this (:func:`pad_systems`).
+BATCH_STEP = 4
 
 
 @dataclass(frozen=True)
@@ -96,16 +100,26 @@ def padding_cell(cell: torch.Tensor, cutoff: float) -> torch.Tensor:
 
 def padding_shift(cell: torch.Tensor, cutoff: float) -> torch.Tensor:
     """(3,) int64 shift along the longest vector of ``cell`` (no zero vector, see
-    :func:`padding_cell`), long enough that a self-loop with it lies beyond ``cutoff``.
+    :func:`padding_cell`), long enough that a self-loop with it lies beyond ``cutoff``;
+    (..., 3) for cells (..., 3, 3), one shift per cell.
 
     Computed on the device, so padding never waits for the device.
     """
-    lengths = cell.detach().norm(dim=1)
-    if cell.device.type == "cpu" and float(lengths.max()) <= 0:  # free on the CPU only
+    lengths = cell.detach().norm(dim=-1)
+    if cell.device.type == "cpu" and float(lengths.amax(dim=-1).min()) <= 0:  # free on CPU only
         raise ValueError("cannot pad edges with a zero cell: use padding_cell(cell, cutoff)")
-    axis = torch.argmax(lengths)
-    repeats = torch.floor(cutoff / lengths[axis]).long() + 1
+    axis = torch.argmax(lengths, dim=-1, keepdim=True)
+    repeats = torch.floor(cutoff / lengths.gather(-1, axis)).long() + 1
     return (torch.arange(3, device=cell.device) == axis).long() * repeats
+
+
+def pad_systems(cells: torch.Tensor) -> torch.Tensor:
+    """Cells (B, 3, 3) of a batch followed by identity cells of empty systems, up to a
+    multiple of :data:`BATCH_STEP` above B: a batch of one must not trace a graph
+    specialised to one system, nor a batch of three one that guards on 3."""
+    spare = padded_size(len(cells) + 1, BATCH_STEP) - len(cells)
+    eye = torch.eye(3, dtype=cells.dtype, device=cells.device)
+    return torch.cat([cells, eye.expand(spare, 3, 3)])
 
 
 def pad_edges(

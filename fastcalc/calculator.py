@@ -74,7 +74,10 @@ class System:
       ``takes_candidates``, the Verlet candidates (pairs within cutoff + skin, the same
       tensors while ``search``, the neighbour list's search counter, stays the same);
       ``most_neighbors`` bounds the pairs of any one atom in that search;
-    - ``charge`` and ``spin`` (multiplicity 2S + 1) from ``atoms.info``, integers;
+    - ``charge`` and ``spin`` (multiplicity 2S + 1) from ``atoms.info``, integers (of the
+      first system of a batch); ``states`` (B, 2) int64 on the host, every system's
+      [charge, spin] for a batch (None for one ``Atoms``), which a model whose
+      :meth:`TorchCalculator.batch_key` mixes states reads;
     - ``compute_stress``: whether the stress (1/V) dE/dε is defined, that is, the three
       cell vectors are linearly independent (any pbc); ``cell`` is then the user's, no
       vector replaced, so V is its volume.
@@ -93,6 +96,7 @@ class System:
     charge: int
     spin: int
     compute_stress: bool
+    states: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -321,7 +325,7 @@ class TorchCalculator(Calculator):
         calls keep a GPU busy where small structures one at a time leave it idle. A
         structure that cannot be evaluated gets ``{"error": InvalidAtomsError(...)}`` and
         the others are still computed. The calculator's own ``results`` are untouched.
-        Models without :meth:`evaluate_batch` (PET, for now) evaluate one at a time.
+        Models without :meth:`evaluate_batch` evaluate one at a time.
         """
         with self._lock:
             out: list[dict[str, object] | None] = [None] * len(structures)
@@ -390,8 +394,8 @@ class TorchCalculator(Calculator):
             self.atoms, self.results = saved
 
     def _batch_system(self, structures: list[Atoms]) -> System:
-        """The batched :class:`System` of ``structures`` (same charge and spin), with the
-        pairs within the cutoff found in one search."""
+        """The batched :class:`System` of ``structures``, with the pairs within the cutoff
+        found in one search."""
         dtype, device = self.dtype, self.device
         positions = torch.tensor(
             np.concatenate([a.positions for a in structures]), dtype=dtype, device=device
@@ -410,7 +414,9 @@ class TorchCalculator(Calculator):
             edge_index, unit_shifts = search(positions, cells, pbc, system_index)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
-        charge, spin = charge_and_spin(structures[0].info, self.default_spin)
+        states = np.array(
+            [charge_and_spin(a.info, self.default_spin) for a in structures], dtype=np.int64
+        )
         return System(
             positions=positions,
             cell=padding_cell(cells, self.cutoff),
@@ -422,9 +428,10 @@ class TorchCalculator(Calculator):
             unit_shifts=unit_shifts,
             search=search.searches,
             most_neighbors=search.most_candidates,
-            charge=charge,
-            spin=spin,
+            charge=int(states[0, 0]),
+            spin=int(states[0, 1]),
             compute_stress=True,
+            states=states,
         )
 
     def model_digest(self) -> str:

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["edge_vectors", "energy_forces_stress"]
+__all__ = ["batch_energies_forces_stress", "edge_vectors", "energy_forces_stress"]
 
 
 def edge_vectors(
@@ -60,17 +60,19 @@ def energy_forces_stress(
 
 
 def batch_energies_forces_stress(
-    energy_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    atom_energy_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     positions: torch.Tensor,
     cells: torch.Tensor,
     system_index: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`energy_forces_stress` for B systems in one backward pass.
 
-    ``energy_fn(positions, cells)`` returns the (B,) energies of the systems of ``cells``
-    (B, 3, 3), atom ``n`` belonging to system ``system_index[n]``. Each system has its own
-    strain, so the stresses (B, 3, 3) are each ``(1/V_b) dE_b/dε_b``; forces are
-    ``-dE/dx`` of the sum, which, systems sharing no edges, are each system's own.
+    ``atom_energy_fn(positions, cells)`` returns the (N,) per-atom energies (zero for
+    padded atoms) of the systems of ``cells`` (B, 3, 3), atom ``n`` belonging to system
+    ``system_index[n]``. Returns the systems' energies (B,), summed in float64, the
+    forces, the stresses (B, 3, 3) and the per-atom energies. Each system has its own
+    strain, so each stress is ``(1/V_b) dE_b/dε_b``; forces are ``-dE/dx`` of the sum,
+    which, systems sharing no edges, are each system's own.
     """
     positions = positions.detach().requires_grad_(True)
     with torch.enable_grad():
@@ -78,7 +80,10 @@ def batch_energies_forces_stress(
         strain = torch.zeros(cells.shape, **options, requires_grad=True)
         deformation = torch.eye(3, **options) + strain
         deformed = torch.bmm(positions.unsqueeze(1), deformation[system_index]).squeeze(1)
-        energies = energy_fn(deformed, torch.bmm(cells, deformation))
+        atom_energies = atom_energy_fn(deformed, torch.bmm(cells, deformation))
+        energies = atom_energies.new_zeros(cells.shape[0], dtype=torch.float64).index_add(
+            0, system_index, atom_energies.to(torch.float64)
+        )
         grad, virial = torch.autograd.grad(energies.sum(), (positions, strain))
     volumes = torch.linalg.det(cells).abs()
-    return energies.detach(), -grad, virial / volumes.view(-1, 1, 1)
+    return energies.detach(), -grad, virial / volumes.view(-1, 1, 1), atom_energies.detach()

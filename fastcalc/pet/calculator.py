@@ -9,16 +9,24 @@ network, forces and stress on that layout. The host waits for the device once pe
 call, at the end, for the single copy of the results and of the layout's status
 (whether it fitted its width); the energy scale and the per-element composition
 energies are then applied on the host in float64.
+
+:meth:`CompiledPETCalculator.evaluate_many` packs structures into one layout of their
+concatenated atoms, each atom with its own structure's cell, charge and spin, and runs
+them through a second graph (:class:`fastcalc.pet.trace.BatchGraph`) with per-system
+strains: any sizes, compositions, periodicities and states share a batch, as PET's
+weights do not depend on them.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
+from ase import Atoms
 
 from ..calculator import (
     InvalidAtomsError,
@@ -35,9 +43,9 @@ from .core import PETCore
 from .energy import apply_reference
 from .layout import Candidates, sized_candidates
 from .load import PETMetadata, load_pet
-from ..buckets import atom_mask, pad_atoms, padded_size
-from .padding import WIDTH_STEP, PaddedShape, padded_shape
-from .trace import StepGraph, graph_inputs
+from ..buckets import atom_mask, pad_atoms, pad_systems, padded_size
+from .padding import ATOM_STEP, WIDTH_STEP, PaddedShape, padded_shape
+from .trace import BatchGraph, StepGraph, graph_inputs
 
 __all__ = ["CompiledPETCalculator"]
 
@@ -88,6 +96,17 @@ class Topology(NamedTuple):
         slots = torch.arange(shape.width, device=device)
         return cls(search, candidates, shape, slots, atom_mask(num_atoms, shape.atoms, device))
 
+    def widened(self, needed: int) -> Topology:
+        """The same candidates with room for ``needed`` slots per atom."""
+        shape = self.shape._replace(width=padded_size(needed, WIDTH_STEP))
+        return self._replace(shape=shape, slots=torch.arange(shape.width, device=self.slots.device))
+
+
+def _batch_shape(atoms: int, width: int, pool: int) -> PaddedShape:
+    """:func:`fastcalc.pet.padding.padded_shape` for a batch whose atoms are padded
+    already (their padded rows carry their own cells)."""
+    return padded_shape(atoms, width, pool)._replace(atoms=atoms)
+
 
 class CompiledPETCalculator(TorchCalculator):
     """Energy, free energy, per-atom energies, forces and stress of a PET model.
@@ -126,6 +145,7 @@ class CompiledPETCalculator(TorchCalculator):
     """
 
     takes_candidates = True
+    evaluates_batches = True
     implemented_properties = [*TorchCalculator.implemented_properties, "energies"]
     default_parameters = {**TorchCalculator.default_parameters, "compile_mode": "auto"}
 
@@ -155,6 +175,7 @@ class CompiledPETCalculator(TorchCalculator):
         self._host_species = self.core.species_index.cpu().numpy()
         self.compile_mode = resolve_compile_mode(compile_mode, self.device)
         self._runner = self.graph_runner(StepGraph(self.core), self.compile_mode)
+        self._batch_runner = self.graph_runner(BatchGraph(self.core), self.compile_mode, "batch")
         name = str(model) if isinstance(model, (str, Path)) else "PETCore"
         self.parameters.update(model=name, compile_mode=compile_mode)
         self._topology: Topology | None = None
@@ -172,11 +193,10 @@ class CompiledPETCalculator(TorchCalculator):
         """Digest of the core's weights and hyper-parameters (names its compiled code)."""
         return tensors_digest(self.core.state_dict(), self.core.hypers)
 
-    def _state(self, system: System) -> tuple[int, int]:
+    def _state(self, charge: int, spin: int) -> tuple[int, int]:
         """Checked (charge, spin multiplicity); (0, 1) for models without conditioning."""
         if self.core.conditioning is None:
             return 0, 1
-        charge, spin = system.charge, system.spin
         try:
             self.core.conditioning.check(charge, spin)
         except ValueError as error:
@@ -215,17 +235,31 @@ class CompiledPETCalculator(TorchCalculator):
             self._species_cache = (numbers, atoms, padded, host)
         return self._species_cache[2], self._species_cache[3]
 
+    @staticmethod
+    def _fitted(
+        run: Callable[[Topology], list[np.ndarray]], topology: Topology
+    ) -> tuple[Topology, list[np.ndarray]]:
+        """``run(topology)`` (the graph's outputs on the host, its layout status first),
+        redone wider while an atom keeps more neighbours than the layout has slots (it
+        gained some since the width was sized); the topology that fitted, and the outputs."""
+        while True:
+            (needed, symmetric), *outputs = run(topology)
+            if not symmetric:
+                raise RuntimeError("PET kept an edge but not its reverse; please report this")
+            if needed <= topology.shape.width:
+                return topology, outputs
+            topology = topology.widened(int(needed))
+
     def evaluate(self, system: System) -> Result:
         """The layout and the model in one compiled call (one replay under CUDA graphs)."""
-        charge, spin = self._state(system)
-        topology = self._prepare(system)
+        state = self._state_tensor(*self._state(system.charge, system.spin))
         n = len(system.numbers)
-        padded_positions = pad_atoms(system.positions, topology.shape.atoms)
-        padded_species, host_species = self._species(
-            system.numbers, system.host_numbers, topology.shape.atoms
-        )
-        state = self._state_tensor(charge, spin)
-        while True:
+        topology = self._prepare(system)
+        atoms = topology.shape.atoms
+        padded_positions = pad_atoms(system.positions, atoms)
+        padded_species, host_species = self._species(system.numbers, system.host_numbers, atoms)
+
+        def run(topology: Topology) -> list[np.ndarray]:
             inputs = graph_inputs(
                 padded_positions,
                 system.cell,
@@ -237,18 +271,59 @@ class CompiledPETCalculator(TorchCalculator):
             )
             energies, forces, virial, status = self._runner(*inputs)
             # one copy to the host (waits for the device), detached from graph buffers
-            status, energies, forces, virial = to_host(status, energies[:n], forces[:n], virial)
-            needed, symmetric = status
-            if not symmetric:
-                raise RuntimeError("PET kept an edge but not its reverse; please report this")
-            if needed <= topology.shape.width:
-                break
-            # an atom gained neighbours since the width was sized: widen and redo
-            shape = topology.shape._replace(width=padded_size(int(needed), WIDTH_STEP))
-            topology = Topology.of(topology.search, topology.candidates, shape, n)
-            self._topology = topology
+            return to_host(status, energies[:n], forces[:n], virial)
+
+        self._topology, (energies, forces, virial) = self._fitted(run, topology)
         result = apply_reference(
             self.reference, host_species, energies, forces,
             virial if system.compute_stress else None,
         )
         return Result(result.energy, result.forces, result.stress, result.energies)
+
+    def batch_key(self, atoms: Atoms, charge: int, spin: int) -> Hashable:
+        """The same for every structure: PET's weights depend on no structure, and charge
+        and spin enter per system, so any structures share a batch. States outside the
+        model's tables are refused here."""
+        self._state(charge, spin)
+        return None
+
+    def evaluate_batch(self, system: System) -> list[Result]:
+        """The systems of ``system`` in one layout and one call of the batch graph
+        (compiled once for every batch shape). Atoms, slots and candidate pairs are padded
+        as in :meth:`evaluate`, systems with empty ones (:func:`fastcalc.buckets.pad_systems`);
+        padded atoms belong to system 0, with no neighbours and no energy."""
+        n, count = len(system.numbers), len(system.cell)
+        atoms = padded_size(n, ATOM_STEP)
+        positions = pad_atoms(system.positions, atoms)
+        system_index = pad_atoms(system.system_index, atoms)
+        cells = pad_systems(system.cell)
+        candidates, shape = sized_candidates(
+            positions, cells[system_index], system.edge_index, system.unit_shifts,
+            self.metadata.hypers, _batch_shape,
+        )
+        # empty systems get (0, 1), a state every model accepts
+        spare = [(0, 1)] * (len(cells) - count)
+        states = torch.tensor(
+            [self._state(int(c), int(s)) for c, s in system.states] + spare, device=self.device
+        )
+        species = pad_atoms(self.core.species_index[system.numbers], atoms)
+
+        def run(topology: Topology) -> list[np.ndarray]:
+            energies, forces, virials, status = self._batch_runner(
+                positions, cells, system_index, topology.atom_mask, states, species,
+                *topology.candidates, topology.slots,
+            )
+            return to_host(status, energies[:n], forces[:n], virials[:count])
+
+        topology = Topology.of(system.search, candidates, shape, n)
+        _, (energies, forces, virials) = self._fitted(run, topology)
+        host_species = self._host_species[system.host_numbers]
+        ends = np.cumsum(np.bincount(system.system_index.cpu().numpy(), minlength=count))
+        results = []
+        for b, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
+            out = apply_reference(
+                self.reference, host_species[start:end], energies[start:end],
+                forces[start:end], virials[b],
+            )
+            results.append(Result(out.energy, out.forces, out.stress, out.energies))
+        return results

@@ -48,12 +48,13 @@ class SystemConditioning(nn.Module):
         spin_multiplicity: int | torch.Tensor,
         device: torch.device,
     ) -> torch.Tensor:
-        """(1, width) embedding of the state. Python integers are checked first; integer
-        tensors (graph inputs of a traced model) are taken as checked by the caller."""
+        """(1, width) embedding of the state, or (B, width) of B states given as (B,)
+        tensors. Python integers are checked first; integer tensors (graph inputs of a
+        traced model) are taken as checked by the caller."""
         if isinstance(charge, int) and isinstance(spin_multiplicity, int):
             self.check(charge, spin_multiplicity)
-        charge = torch.as_tensor(charge, device=device).view(1)
-        spin_multiplicity = torch.as_tensor(spin_multiplicity, device=device).view(1)
+        charge = torch.as_tensor(charge, device=device).reshape(-1)
+        spin_multiplicity = torch.as_tensor(spin_multiplicity, device=device).reshape(-1)
         both = torch.cat(
             [self.charge_table(charge + self.max_charge), self.spin_table(spin_multiplicity - 1)],
             dim=-1,
@@ -62,7 +63,7 @@ class SystemConditioning(nn.Module):
 
 
 class PETCore(nn.Module):
-    """The PET network for a single structure.
+    """The PET network for a single structure, or a batch of them as one layout.
 
     ``forward(positions, cell, layout)`` is differentiable in positions and cell;
     ``layout`` (see :func:`fastcalc.pet.layout.build_layout`) fixes who interacts with whom.
@@ -146,11 +147,15 @@ class PETCore(nn.Module):
         layout: PETLayout,
         charge: int | torch.Tensor = 0,
         spin_multiplicity: int | torch.Tensor = 1,
+        system_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-atom energies (n,) in model units (unscaled, without composition energies).
 
         ``charge`` and ``spin_multiplicity`` matter only with system conditioning; see
-        :meth:`SystemConditioning.forward` for integers versus tensors.
+        :meth:`SystemConditioning.forward` for integers versus tensors. For a batch,
+        ``cell`` is each atom's cell (n, 3, 3) (see :mod:`fastcalc.pet.layout`), charge
+        and spin are (B,) tensors, one per system, and ``system_index`` (n,) gives each
+        atom's system.
         """
         n = positions.shape[0]
         centers = torch.arange(n, device=positions.device)[:, None]
@@ -164,6 +169,8 @@ class PETCore(nn.Module):
         extra = None
         if self.conditioning is not None:
             extra = self.conditioning(charge, spin_multiplicity, positions.device)
+            if system_index is not None:
+                extra = extra[system_index]
 
         # the first layer's messages are the neighbours' type embeddings (looked up there)
         messages: torch.Tensor | nn.Embedding = self.edge_type_embedding

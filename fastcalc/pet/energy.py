@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..buckets import padding_cell
-from ..geometry import energy_forces_stress
+from ..geometry import batch_energies_forces_stress, energy_forces_stress
 from .core import PETCore
 from .layout import PETLayout
 
@@ -64,6 +64,35 @@ def energy_and_derivatives(
 
     _, forces, stress = energy_forces_stress(total_energy, positions, cell.detach(), compute_stress)
     return per_atom[0].detach(), forces, stress
+
+
+def batch_energies_and_derivatives(
+    core: PETCore,
+    positions: torch.Tensor,
+    cells: torch.Tensor,
+    system_index: torch.Tensor,
+    layout: PETLayout,
+    states: torch.Tensor,
+    atom_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`energy_and_derivatives` for a batch of B systems in one layout: network
+    per-atom energies (n,), forces (n, 3) and each system's dE/dstrain / volume (B, 3, 3).
+
+    ``cells`` (B, 3, 3), ``system_index`` (n,) each atom's system, ``states`` (B, 2) each
+    system's [charge, spin multiplicity] (see :func:`fastcalc.geometry.batch_energies_forces_stress`).
+    """
+
+    def atom_energies(deformed_positions: torch.Tensor, deformed_cells: torch.Tensor) -> torch.Tensor:
+        energies = core(
+            deformed_positions, deformed_cells[system_index], layout, states[:, 0], states[:, 1],
+            system_index,
+        )
+        return torch.where(atom_mask, energies, 0.0)
+
+    _, forces, stresses, energies = batch_energies_forces_stress(
+        atom_energies, positions, cells.detach(), system_index
+    )
+    return energies, forces, stresses
 
 
 def apply_reference(

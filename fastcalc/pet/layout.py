@@ -12,6 +12,10 @@ graph, ahead of it (:class:`fastcalc.pet.trace.StepGraph`).
 
 Everything here is integer/bool and gradient-free; the geometry (vectors, distances,
 cutoff weights) is recomputed from positions inside :class:`fastcalc.pet.core.PETCore`.
+
+A batch of structures is one layout of their concatenated atoms: ``cell`` is then
+(n, 3, 3), each atom's own structure's cell, wherever a (3, 3) cell is taken here, so
+that every pair's shift is applied with its centre's cell.
 """
 
 from __future__ import annotations
@@ -97,7 +101,8 @@ def pair_vectors(
     neighbors: torch.Tensor,
     shifts: torch.Tensor,
 ) -> torch.Tensor:
-    """Cartesian vectors r_j - r_i + S @ cell for index tensors of any (broadcastable) shape."""
+    """Cartesian vectors r_j - r_i + S @ cell for index tensors of any (broadcastable) shape;
+    ``cell`` (3, 3), or (n, 3, 3) per centre for ``shifts`` (n, R, 3) of n centres."""
     return positions[neighbors] - positions[centers] + shifts.to(positions.dtype) @ cell
 
 
@@ -117,10 +122,11 @@ def candidate_distances(
 def _padding_rows(
     atoms: int, columns: int, cell: torch.Tensor, cutoff: float
 ) -> Candidates:
-    """Candidates of ``atoms`` rows x ``columns`` holding padding only."""
+    """Candidates of ``atoms`` rows x ``columns`` holding padding only (``cell`` (3, 3), or
+    (atoms, 3, 3): each row padded along its own cell)."""
     device = cell.device
     own = torch.arange(atoms, device=device)[:, None].expand(atoms, columns).clone()
-    shifts = padding_shift(cell, cutoff).expand(atoms, columns, 3).clone()
+    shifts = padding_shift(cell, cutoff).view(-1, 1, 3).expand(atoms, columns, 3).clone()
     reverse = torch.arange(atoms * columns, device=device).view(atoms, columns)
     return Candidates(own, shifts, reverse)
 

@@ -9,6 +9,8 @@ enters the model's part only as integers and masks. Its flat inputs
 (:func:`graph_inputs`) are positions, cell, a mask of real atoms, the [charge, spin
 multiplicity] state, the species, the candidate pairs and ``arange(K)`` for K
 neighbour slots, so that padding, charge and spin change inputs, never the graph.
+:class:`BatchGraph` is the same for a batch of structures in one layout, with per-system
+cells, states and strains.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from ..tracing import trace
 from .core import PETCore
-from .energy import energy_and_derivatives
+from .energy import batch_energies_and_derivatives, energy_and_derivatives
 from .layout import Candidates, device_layout
 
 
@@ -83,6 +85,44 @@ class StepGraph:
             self.core, positions, cell, layout, True, state[0], state[1], atom_mask
         )
         return energies, forces, virial, status
+
+
+class BatchGraph:
+    """:class:`StepGraph` for B structures packed into one layout: (positions, cells
+    (B, 3, 3), system_index (n,), atom_mask, states (B, 2), species, neighbors, shifts,
+    reverse, slots) -> (per-atom energies, forces, each system's dE/dstrain / volume
+    (B, 3, 3), layout status).
+
+    The layout is chosen with each atom's own cell, ``cells[system_index]``, inside the
+    graph, as everything a force depends on; ``system_index`` and the candidates (rows
+    of the concatenated atoms, see :mod:`fastcalc.pet.layout`) are integer inputs.
+    """
+
+    def __init__(self, core: PETCore) -> None:
+        self.core = core
+
+    def __call__(
+        self,
+        positions: torch.Tensor,
+        cells: torch.Tensor,
+        system_index: torch.Tensor,
+        atom_mask: torch.Tensor,
+        states: torch.Tensor,
+        species: torch.Tensor,
+        neighbors: torch.Tensor,
+        shifts: torch.Tensor,
+        reverse: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """Per-atom energies, forces, per-system dE/dstrain / volume and the layout status."""
+        candidates = Candidates(neighbors, shifts, reverse)
+        layout, status = device_layout(
+            positions, cells[system_index], species, candidates, slots, self.core.hypers
+        )
+        energies, forces, virials = batch_energies_and_derivatives(
+            self.core, positions, cells, system_index, layout, states, atom_mask
+        )
+        return energies, forces, virials, status
 
 
 def trace_pet(core: PETCore, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from ase import Atoms
 
-from ..buckets import atom_mask, pad_atoms, pad_edges, padded_size
+from ..buckets import atom_mask, pad_atoms, pad_edges, pad_systems, padded_size
 from ..calculator import InvalidAtomsError, Result, System, TorchCalculator, to_host
 from ..compile_cache import tensors_digest
 from ..demo_models import FITTED_ELEMENTS
@@ -32,8 +32,6 @@ __all__ = ["BucketedCalculator"]
 
 #: Padded atom counts are multiples of at least this (see :func:`fastcalc.buckets.padded_size`).
 ATOM_STEP = 8
-#: Batches of systems are padded with empty systems to multiples of this.
-BATCH_STEP = 4
 CHARGE_RANGE = (-100, 100)  # fairchem's accepted ranges and defaults
 SPIN_RANGE = (0, 100)
 
@@ -270,13 +268,9 @@ class BucketedCalculator(TorchCalculator):
         padding = atoms - n
         edges = pad_edges(edge_index, unit_shifts, cells, self.cutoff, self.bucket_size)
         extra = len(edges.edge_mask) - len(edge_system)
-        # empty systems up to a multiple of 4 (at least one): a batch of one must not trace
-        # a graph specialised to one system, nor a batch of three one that guards on 3
-        spare = padded_size(len(cells) + 1, BATCH_STEP) - len(cells)
-        eye = torch.eye(3, dtype=cells.dtype, device=cells.device)
         energies, forces, stresses, per_atom = self._batch_runner(
             pad_atoms(positions, atoms),
-            torch.cat([cells, eye.expand(spare, 3, 3)]),
+            pad_systems(cells),
             torch.cat([numbers, numbers[:1].expand(padding)]),
             edges.edge_index,
             edges.unit_shifts,

@@ -426,20 +426,12 @@ class UMACore(nn.Module):
         (``cells`` (B, 3, 3), atom and edge systems ``system_index`` (N,) and
         ``edge_system`` (E,)): raw energies (B,) float64, forces, stresses (B, 3, 3) and the
         raw per-atom energies, from one forward and one backward pass. Traceable."""
-        per_atom: list[torch.Tensor] = []
 
-        def energies(deformed_positions: torch.Tensor, deformed_cells: torch.Tensor) -> torch.Tensor:
-            per_atom.append(
-                self(deformed_positions, deformed_cells, numbers, edge_index, unit_shifts,
-                     edge_mask, atom_mask, edge_system)
-            )
-            totals = per_atom[0].new_zeros(cells.shape[0], dtype=torch.float64)
-            return totals.index_add(0, system_index, per_atom[0].to(torch.float64))
+        def atom_energies(deformed_positions: torch.Tensor, deformed_cells: torch.Tensor) -> torch.Tensor:
+            return self(deformed_positions, deformed_cells, numbers, edge_index, unit_shifts,
+                        edge_mask, atom_mask, edge_system)
 
-        totals, forces, stresses = batch_energies_forces_stress(
-            energies, positions, cells, system_index
-        )
-        return totals, forces, stresses, per_atom[0].detach()
+        return batch_energies_forces_stress(atom_energies, positions, cells, system_index)
 
     def outputs(
         self,

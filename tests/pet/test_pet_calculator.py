@@ -357,23 +357,3 @@ def test_compiled_calculator_across_buckets(compile_model):
 def test_todict_records_the_settings_that_differ_from_the_defaults():
     calculator = CompiledPETCalculator("pet-demo-cu", device="cpu", dtype="float64")
     assert calculator.todict() == {"model": "pet-demo-cu", "device": "cpu", "dtype": "float64"}
-
-
-def test_evaluate_many_without_batches_gives_each_structure_alone():
-    """PET has no batched graph yet: evaluate_many evaluates one structure at a time,
-    each result equal to the calculator's own, a bad structure getting its error."""
-    from ase.build import bulk
-
-    calc = CompiledPETCalculator("pet-demo-cu", device="cpu", dtype="float64")
-    structures = [bulk("Cu", cubic=True).repeat(r) for r in [(1, 1, 1), (2, 1, 1), (2, 2, 1)]]
-    for seed, atoms in enumerate(structures):
-        atoms.rattle(0.05, seed=seed)
-    structures[1].positions[0] = np.nan
-    results = calc.evaluate_many(structures)
-    assert isinstance(results[1]["error"], InvalidAtomsError)
-    for index in (0, 2):
-        atoms = structures[index].copy()
-        atoms.calc = calc
-        assert results[index]["energy"] == atoms.get_potential_energy()
-        np.testing.assert_array_equal(results[index]["forces"], atoms.get_forces())
-        np.testing.assert_array_equal(results[index]["stress"], atoms.get_stress())

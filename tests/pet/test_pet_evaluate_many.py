@@ -1,0 +1,157 @@
+"""``evaluate_many`` of PET: structures of any size, periodicity, composition, charge and
+spin in one batched layout, each result equal to the calculator's own for that structure
+alone and to metatomic's batched evaluation of the same exported model (float64, CPU)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.stress import full_3x3_to_voigt_6_stress
+
+import fastcalc.pet.calculator as calculator_module
+from fastcalc import InvalidAtomsError
+from fastcalc.pet import CompiledPETCalculator, PaddedShape
+from fastcalc.testing import deviation
+
+from .support import CHARGED_STATE, STRUCTURES, compile_test_model, make_structure, upstream_calculator
+
+
+def mixed(charged: bool = False) -> list[Atoms]:
+    """Bulk, slab, molecule and smaller structures of H, C and O in one list; with
+    ``charged``, two of them in other charge and spin states."""
+    structures = [make_structure(kind) for kind in STRUCTURES]
+    if charged:
+        structures[1].info.update(CHARGED_STATE)
+        structures[4].info.update(charge=-2, spin=3)
+    return structures
+
+
+def alone(calc: CompiledPETCalculator, atoms: Atoms) -> dict:
+    atoms = atoms.copy()
+    atoms.calc = calc
+    out = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces(),
+           "energies": atoms.get_potential_energies()}
+    if atoms.cell.rank == 3:
+        out["stress"] = atoms.get_stress()
+    return out
+
+
+def assert_same(batched: dict, single: dict, rtol: float = 1e-10) -> None:
+    assert set(batched) == set(single) | {"free_energy"}
+    assert batched["free_energy"] == batched["energy"]
+    for key, value in single.items():
+        np.testing.assert_allclose(batched[key], value, rtol=rtol, atol=rtol, err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def eager(pet_models):
+    cache: dict[str, CompiledPETCalculator] = {}
+
+    def get(model: str) -> CompiledPETCalculator:
+        if model not in cache:
+            cache[model] = CompiledPETCalculator(
+                pet_models[model].pt, device="cpu", dtype="float64", compile_mode="eager"
+            )
+        return cache[model]
+
+    return get
+
+
+@pytest.mark.parametrize("model", ["adaptive", "conditioned", "residual"])
+def test_each_result_equals_the_structure_alone(model, eager):
+    calc = eager(model)
+    structures = mixed(charged=model == "conditioned")
+    for batched, atoms in zip(calc.evaluate_many(structures), structures):
+        assert_same(batched, alone(calc, atoms))
+
+
+def test_charge_and_spin_are_each_systems_own(eager):
+    """The same structure in two states within one batch gets two results."""
+    neutral, charged = make_structure("bulk"), make_structure("bulk")
+    charged.info.update(CHARGED_STATE)
+    first, second = eager("conditioned").evaluate_many([neutral, charged])
+    assert abs(first["energy"] - second["energy"]) > 1e-3
+
+
+def test_batched_results_are_metatomics(pet_models, eager):
+    """metatomic's calculator evaluates the same list as one batch too (its stress only
+    when every structure is periodic: the periodic ones are asked again on their own)."""
+    upstream = upstream_calculator(pet_models["adaptive"])
+    structures = mixed()
+    ours = eager("adaptive").evaluate_many(structures)
+    periodic = [i for i, atoms in enumerate(structures) if atoms.pbc.all()]
+    with torch.jit.optimized_execution(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # its stress of zero-volume cells
+        theirs = upstream.compute_energy(structures, True, per_atom=True)
+        stresses = upstream.compute_energy([structures[i] for i in periodic], True)["stress"]
+    for index, result in enumerate(ours):
+        assert deviation(result["energy"], theirs["energy"][index]) < 1e-9
+        assert deviation(result["forces"], theirs["forces"][index]) < 1e-9
+        assert deviation(result["energies"], theirs["energies"][index]) < 1e-9
+    for index, stress in zip(periodic, stresses):
+        assert deviation(ours[index]["stress"], full_3x3_to_voigt_6_stress(stress)) < 1e-9
+
+
+def test_a_bad_structure_gets_its_error_and_the_others_are_computed(eager):
+    calc = eager("conditioned")
+    structures = mixed()
+    nan = make_structure("tiny")
+    nan.positions[1] = np.nan
+    copper = make_structure("tiny")
+    copper.numbers[0] = 29
+    unknown_state = make_structure("molecule")
+    unknown_state.info["charge"] = 4  # the model's tables end at 3
+    structures[2:2] = [nan, copper, unknown_state]
+    results = calc.evaluate_many(structures)
+    assert "NaN" in str(results[2]["error"])
+    assert "does not support Cu" in str(results[3]["error"])
+    assert "charge 4" in str(results[4]["error"])
+    for index in (2, 3, 4):
+        assert isinstance(results[index]["error"], InvalidAtomsError)
+    for index in (0, 1, 5, 6, 7, 8):
+        assert_same(results[index], alone(calc, structures[index]))
+
+
+def test_small_atom_budgets_split_batches_without_changing_results(eager):
+    calc = eager("adaptive")
+    structures = mixed()
+    for whole, split in zip(calc.evaluate_many(structures), calc.evaluate_many(structures, max_atoms=12)):
+        assert_same(whole, {key: value for key, value in split.items() if key != "free_energy"})
+
+
+def test_a_too_narrow_batch_layout_is_widened(eager, monkeypatch):
+    """An atom keeping more neighbours than the layout's slots: the batch is redone wider."""
+    monkeypatch.setattr(calculator_module, "_batch_shape", lambda a, w, p: PaddedShape(a, 2, p))
+    calc = eager("adaptive")
+    structures = mixed()
+    for batched, atoms in zip(calc.evaluate_many(structures), structures):
+        assert_same(batched, alone(calc, atoms))
+
+
+@pytest.fixture(scope="module")
+def compile_model(tmp_path_factory):
+    return compile_test_model(tmp_path_factory.mktemp("compiled_batches"))
+
+
+@pytest.mark.compile
+def test_a_compiled_batch_graph_serves_every_batch_shape(compile_model):
+    """compile_mode='default': two batches of other sizes, systems, widths and states,
+    one compilation, the eager results."""
+    compiled, eager = (
+        CompiledPETCalculator(compile_model.pt, device="cpu", dtype="float64", compile_mode=mode,
+                              cache_dir=False)
+        for mode in ("default", "eager")
+    )
+    structures = {kind: atoms for kind, atoms in zip(STRUCTURES, mixed(charged=True))}
+    # 8 and 16 padded atoms (as the single-structure compile test), 4 and 8 systems
+    small = [structures["tiny"], structures["single"]]
+    large = [structures[kind] for kind in ("molecule", "tiny", "isolated", "single")]
+    for batch in (small, large):
+        for ours, theirs in zip(compiled.evaluate_many(batch), eager.evaluate_many(batch)):
+            assert_same(ours, {key: value for key, value in theirs.items() if key != "free_energy"})
+    stats = compiled._batch_runner.stats
+    assert (stats["compilations"], stats["recompiles"]) == (1, 0)
