@@ -389,7 +389,7 @@ def screen(
 
     Each frame carries its position in ``structures`` as ``info["screen_index"]``; results
     of several workers come in the order they finish. Without workers, a relaxation with a
-    calculator that evaluates batches (``evaluates_batches``: UMA) runs many at once
+    calculator that evaluates batches (``evaluates_batches``: UMA, PET) runs many at once
     (:func:`fastcalc.relax.irelax`, the same FIRE), its results in the order they finish
     too. ``calculator_factory()`` builds a
     calculator: once in this process (``workers=None``), or once in each of ``workers`` Ray
