@@ -43,8 +43,8 @@ from .layers import (
     SO2Convolution,
     SpectralFeedForward,
     mixed_linear,
-    radial_mlp,
 )
+from .radial import RadialNetworks
 from .so3 import (
     WignerFromSamples,
     coefficient_degrees,
@@ -142,7 +142,7 @@ class _Block(nn.Module):
         edge = f"{prefix}edge_wise."
         self.norm_1 = RMSNormSH(weights, f"{prefix}norm_1.", lmax)
         self.conv_1 = SO2Convolution(
-            weights, f"{edge}so2_conv_1.", lmax, mmax, hidden, extra=lmax * hidden, radial=True
+            weights, f"{edge}so2_conv_1.", lmax, mmax, hidden, extra=lmax * hidden
         )
         degrees = coefficient_degrees(lmax)
         self.gate = Gate([degrees[k] for k in m_major_order(lmax, mmax)], hidden)
@@ -154,15 +154,17 @@ class _Block(nn.Module):
         self,
         x: torch.Tensor,
         system: torch.Tensor,
-        edge_features: torch.Tensor,
+        radial: torch.Tensor,
         centre: torch.Tensor,
         neighbour: torch.Tensor,
         frames: EdgeFrames,
     ) -> torch.Tensor:
+        """Node features ``x`` after the layer; ``radial`` (E, ...) is the output of this
+        layer's radial network (see :class:`fastcalc.uma.radial.RadialNetworks`)."""
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        messages, gates = self.conv_1(frames.messages(x, neighbour, centre), edge_features)
+        messages, gates = self.conv_1(frames.messages(x, neighbour, centre), radial)
         messages, _ = self.conv_2(self.gate(gates, messages))
         x = residual.index_add(0, centre, frames.to_nodes(messages))
         return x + self.feed_forward(self.norm_2(x))
@@ -190,17 +192,18 @@ class UMACore(nn.Module):
         self.max_neighbors = int(backbone.get("max_neighbors", 300))
         self._checkpoint = checkpoint
 
-        basis = int(backbone.get("num_distance_basis", 512))
-        offsets = torch.linspace(0.0, self.cutoff, basis, dtype=torch.float64)
-        self.register_buffer("basis_offsets", offsets)
-        self.basis_coeff = -0.5 / (2.0 * (offsets[1] - offsets[0]).item()) ** 2
         self.register_buffer("element_embedding", w["sphere_embedding.weight"].clone())
-        self.register_buffer("source_embedding", w["source_embedding.weight"].clone())
-        self.register_buffer("target_embedding", w["target_embedding.weight"].clone())
-        self.edge_degree = radial_mlp(w, "edge_degree_embedding.rad_func.net.")
+        layers = range(int(backbone.get("num_layers", 2)))
         self.blocks = nn.ModuleList(
-            _Block(w, f"blocks.{i}.", self.lmax, self.mmax, self.channels, hidden)
-            for i in range(int(backbone.get("num_layers", 2)))
+            _Block(w, f"blocks.{i}.", self.lmax, self.mmax, self.channels, hidden) for i in layers
+        )
+        # the edge-degree embedding's radial network first, then each block's
+        self.radial = RadialNetworks(
+            w,
+            ["edge_degree_embedding.rad_func.net."]
+            + [f"blocks.{i}.edge_wise.so2_conv_1.rad_func.net." for i in layers],
+            basis_size=int(backbone.get("num_distance_basis", 512)),
+            cutoff=self.cutoff,
         )
         self.final_norm = RMSNormSH(w, "norm.", self.lmax)
         self.system_embedding = SystemEmbedding(checkpoint.weights, backbone)
@@ -335,18 +338,10 @@ class UMACore(nn.Module):
             degree_major=self.degree_major,
         )
 
-        distance = lengths.unsqueeze(-1) - self.basis_offsets
-        edge_features = torch.cat(
-            (
-                torch.exp(self.basis_coeff * distance**2),
-                self.source_embedding[numbers[neighbour]],
-                self.target_embedding[numbers[centre]],
-            ),
-            dim=1,
-        )
-        x = self._initial_features(numbers, edge_features, centre, frames)
-        for block in self.blocks:
-            x = block(x, self.system, edge_features, centre, neighbour, frames)
+        edge_degree, *radial = self.radial(lengths, numbers[neighbour], numbers[centre])
+        x = self._initial_features(numbers, edge_degree, centre, frames)
+        for block, block_radial in zip(self.blocks, radial):
+            x = block(x, self.system, block_radial, centre, neighbour, frames)
         x = self.final_norm(x)
         atom_energy = x[:, 0]
         for index, layer in enumerate(self.head):
@@ -368,16 +363,17 @@ class UMACore(nn.Module):
     def _initial_features(
         self,
         numbers: torch.Tensor,
-        edge_features: torch.Tensor,
+        edge_degree: torch.Tensor,
         centre: torch.Tensor,
         frames: EdgeFrames,
     ) -> torch.Tensor:
-        """Element + system embedding on l=0, plus the edge-degree embedding."""
+        """Element + system embedding on l=0, plus the edge-degree embedding (from the
+        output (E, (lmax+1) * channels) of its radial network)."""
         atoms = numbers.shape[0]
         scalar = (self.element_embedding[numbers] + self.system).unsqueeze(1)
         rest = scalar.new_zeros(atoms, (self.lmax + 1) ** 2 - 1, self.channels)
         x = torch.cat((scalar, rest), dim=1)
-        radial = self.edge_degree(edge_features).unflatten(1, (self.lmax + 1, self.channels))
+        radial = edge_degree.unflatten(1, (self.lmax + 1, self.channels))
         degree = frames.m0_to_nodes(radial) / _EDGE_DEGREE_RESCALE
         return x.index_add(0, centre, degree)
 

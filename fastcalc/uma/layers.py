@@ -32,25 +32,6 @@ def frozen_linear(weights: Weights, prefix: str) -> Linear:
     return layer.requires_grad_(False)
 
 
-def radial_mlp(weights: Weights, prefix: str) -> nn.Sequential:
-    """fairchem's RadialMLP: Linear, then (LayerNorm, SiLU, Linear) repeated."""
-    indices = sorted(
-        {int(key[len(prefix):].split(".")[0]) for key in weights if key.startswith(prefix)}
-    )
-    layers: list[nn.Module] = []
-    for index in indices:
-        weight = weights[f"{prefix}{index}.weight"]
-        if weight.dim() == 2:
-            layers.append(frozen_linear(weights, f"{prefix}{index}."))
-        else:
-            norm = nn.LayerNorm(weight.shape[0], eps=1e-5)
-            with torch.no_grad():
-                norm.weight.copy_(weight)
-                norm.bias.copy_(weights[f"{prefix}{index}.bias"])
-            layers += [norm.requires_grad_(False), nn.SiLU()]
-    return nn.Sequential(*layers)
-
-
 def add_to_scalar(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Add ``value`` (broadcast over atoms) to the ``l = 0`` row without in-place ops."""
     return torch.cat((x[:, :1] + value, x[:, 1:]), dim=1)
@@ -182,8 +163,8 @@ class SO2Convolution(nn.Module):
 
     ``m = 0``: a real linear map of all ``l`` components (optionally producing
     ``extra`` leading gate channels).  ``m > 0``: a complex linear map of the
-    ``(+m, -m)`` pair.  With a radial network, inputs of each block are first
-    scaled element-wise by an edge-dependent radial function.
+    ``(+m, -m)`` pair.  Given radial scales (the output of a radial network), the
+    inputs of each block are first scaled element-wise by their slice of them.
     """
 
     def __init__(
@@ -194,7 +175,6 @@ class SO2Convolution(nn.Module):
         mmax: int,
         out_channels: int,
         extra: int = 0,
-        radial: bool = False,
     ) -> None:
         super().__init__()
         self.out_channels = out_channels
@@ -205,7 +185,6 @@ class SO2Convolution(nn.Module):
             mixed_linear(weights, f"{prefix}so2_m_conv.{m - 1}.fc.", complex_pair=True)
             for m in range(1, mmax + 1)
         )
-        self.radial = radial_mlp(weights, f"{prefix}rad_func.net.") if radial else None
         self.radial_sizes = [self.m0.weight.shape[1]]
         self.radial_sizes += [layer.weight.shape[1] // 2 for layer in self.orders]
 
@@ -214,13 +193,14 @@ class SO2Convolution(nn.Module):
         return [self.m0, *self.orders]
 
     def forward(
-        self, x: torch.Tensor, edge_features: torch.Tensor | None = None
+        self, x: torch.Tensor, radial: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` (E, M, C_in) -> (output (E, M, C_out), gate channels (E, extra))."""
+        """``x`` (E, M, C_in), scaled by ``radial`` (E, sum(radial_sizes)) if given,
+        -> (output (E, M, C_out), gate channels (E, extra))."""
         blocks = x.split(self.block_sizes, dim=1)
         scales = (
-            self.radial(edge_features).split(self.radial_sizes, dim=1)
-            if self.radial is not None
+            radial.split(self.radial_sizes, dim=1)
+            if radial is not None
             else [None] * len(self.block_sizes)
         )
         flat = blocks[0].flatten(1)
