@@ -10,6 +10,7 @@ torch energy function into the same path.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -186,6 +187,12 @@ def spans_volume(cell: np.ndarray) -> bool:
     return bool(np.linalg.matrix_rank(cell, tol=1e-8) == 3)
 
 
+#: The share of a GPU's free memory that one batch of :meth:`TorchCalculator.evaluate_many`
+#: may be estimated to need: the rest leaves room for the CUDA graphs (and their memory)
+#: of the batch shapes met before, and for the allocator's fragmentation.
+BATCH_MEMORY_SHARE = 0.5
+
+
 def free_memory(device: torch.device) -> int | None:
     """Bytes a model may still allocate on a CUDA ``device``: the device's free memory plus
     what torch's allocator holds unused. None on the CPU, where the system pages instead of
@@ -325,7 +332,9 @@ class TorchCalculator(Calculator):
         calls keep a GPU busy where small structures one at a time leave it idle. A
         structure that cannot be evaluated gets ``{"error": InvalidAtomsError(...)}`` and
         the others are still computed. The calculator's own ``results`` are untouched.
-        Models without :meth:`evaluate_batch` evaluate one at a time.
+        Models without :meth:`evaluate_batch` evaluate one at a time. On a GPU, a model
+        with a :meth:`memory_estimate` also cuts its batches so that their estimated memory
+        stays within half the free memory (:data:`BATCH_MEMORY_SHARE`).
         """
         with self._lock:
             out: list[dict[str, object] | None] = [None] * len(structures)
@@ -341,8 +350,9 @@ class TorchCalculator(Calculator):
                     continue
                 groups.setdefault(key, []).append(index)
             sizes = [len(atoms) for atoms in structures]
+            needs, budget = self._batch_memory(structures, groups)
             for members in groups.values():
-                for chunk in _chunks(members, sizes, max_atoms):
+                for chunk in _chunks(members, sizes, max_atoms, needs, budget):
                     self._evaluate_chunk(structures, chunk, volumes, out)
             return out
 
@@ -479,6 +489,24 @@ class TorchCalculator(Calculator):
         within the cutoff, or None where the model gives no estimate."""
         return None
 
+    def _batch_memory(
+        self, structures: Sequence[Atoms], groups: dict[Hashable, list[int]]
+    ) -> tuple[dict[int, float] | None, float]:
+        """Estimated memory of each grouped structure and the memory a batch may use, on a
+        GPU for a model with a :meth:`memory_estimate`; else no estimates and no limit."""
+        free = free_memory(self.device)
+        if free is None:
+            return None, math.inf
+        needs: dict[int, float] = {}
+        for index in (index for members in groups.values() for index in members):
+            atoms = structures[index]
+            crowding = estimate_crowding(atoms.positions, atoms.cell.array, atoms.pbc, self.cutoff)
+            need = self.memory_estimate(len(atoms), crowding.neighbors)
+            if need is None:
+                return None, math.inf
+            needs[index] = need
+        return needs, BATCH_MEMORY_SHARE * free
+
     def _check_memory(self, atoms: Atoms) -> None:
         """Refuse, before the neighbour search, a system whose estimated edges need more
         memory than the device has free (see :meth:`memory_estimate`)."""
@@ -574,17 +602,26 @@ class TorchCalculator(Calculator):
             self.results["energies"] = result.energies
 
 
-def _chunks(members: list[int], sizes: Sequence[int], max_atoms: int) -> Iterator[list[int]]:
-    """``members`` in order, cut into runs of at most ``max_atoms`` atoms (a larger
-    structure goes alone)."""
+def _chunks(
+    members: list[int],
+    sizes: Sequence[int],
+    max_atoms: int,
+    needs: dict[int, float] | None = None,
+    budget: float = math.inf,
+) -> Iterator[list[int]]:
+    """``members`` in order, cut into runs of at most ``max_atoms`` atoms and, given each
+    member's estimated memory ``needs``, at most ``budget`` bytes (a larger structure goes
+    alone)."""
     chunk: list[int] = []
-    atoms = 0
+    atoms, need = 0, 0.0
     for index in members:
-        if chunk and atoms + sizes[index] > max_atoms:
+        cost = needs[index] if needs is not None else 0.0
+        if chunk and (atoms + sizes[index] > max_atoms or need + cost > budget):
             yield chunk
-            chunk, atoms = [], 0
+            chunk, atoms, need = [], 0, 0.0
         chunk.append(index)
         atoms += sizes[index]
+        need += cost
     if chunk:
         yield chunk
 

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from ase.build import bulk, fcc111
 
+import fastcalc.calculator as calculator_module
 from fastcalc.calculator import InvalidAtomsError
+from fastcalc.neighbors import estimate_crowding
 from fastcalc.testing import deviation, evaluate
 from fastcalc.uma import BucketedCalculator
 
@@ -85,6 +87,24 @@ def test_small_atom_budgets_split_batches_without_changing_results(calc):
     for a, b in zip(whole, split):
         assert set(a) == set(b)
         assert_same(a, b)
+
+
+def test_on_a_gpu_batches_stay_within_half_the_free_memory(calc, monkeypatch):
+    """With free memory pretended (a GPU's, 5 structures' worth), batches of equal
+    structures hold 2 (half the free memory), and the results do not change."""
+    structures = [copper((2, 1, 1), seed) for seed in range(5)]
+    whole = calc.evaluate_many(structures)
+    need = calc.memory_estimate(len(structures[0]), estimate_crowding(
+        structures[0].positions, structures[0].cell.array, structures[0].pbc, calc.cutoff
+    ).neighbors)
+    monkeypatch.setattr(calculator_module, "free_memory", lambda device: 5.1 * need)
+    batches = []
+    evaluate_batch = calc.evaluate_batch
+    monkeypatch.setattr(calc, "evaluate_batch", lambda system: batches.append(
+        len(system.cell)) or evaluate_batch(system))
+    for a, b in zip(whole, calc.evaluate_many(structures)):
+        assert_same(a, b)
+    assert batches == [2, 2, 1]
 
 
 def test_a_bad_structure_gets_its_error_and_the_others_are_computed(calc):
