@@ -1,9 +1,10 @@
 """Screening many structures: evaluate or relax each with a model, keeping every result.
 
 :func:`screen` takes structures one at a time, hands each to :func:`screen_structure`
-(in this process, or on Ray actors that each hold one calculator; relaxations in this
-process with a calculator that evaluates batches go through :func:`fastcalc.relax.irelax`
-instead, many structures per model call, step for step the same FIRE) and appends each
+(in this process, or on Ray actors that each hold one calculator; in this process, a
+calculator that evaluates batches takes many structures per model call instead: through
+``evaluate_many``, and for relaxations through :func:`fastcalc.relax.irelax`, step for
+step the same FIRE) and appends each
 result to an extended XYZ file as soon as it finishes, flushed, tagged with its input index
 (``info["screen_index"]``). A run that is killed keeps what it wrote, and
 ``resume=True`` does only the indices the file lacks. A structure the model cannot
@@ -36,6 +37,7 @@ from .relax import Relaxed, irelax
 __all__ = [
     "OUTPUT_SUFFIXES",
     "QUEUED_PER_WORKER",
+    "SCREEN_BATCH_ATOMS",
     "STRUCTURE_ERRORS",
     "ScreenSetupError",
     "ScreenSummary",
@@ -57,6 +59,10 @@ STRUCTURE_ERRORS: tuple[type[Exception], ...] = (InvalidAtomsError,)
 #: Structures queued on each Ray actor: one running and one waiting, so that an actor
 #: never idles while the driver writes a result and sends the next structure.
 QUEUED_PER_WORKER = 2
+
+#: Atoms per ``evaluate_many`` call when a screen in this process evaluates structures
+#: in batches: results are written when their batch finishes.
+SCREEN_BATCH_ATOMS = 2048
 
 #: ``info`` and ``arrays`` keys of an input structure that would clash with the results
 #: in extended XYZ (ASE's writer refuses both).
@@ -248,11 +254,12 @@ def _serial(
     work: Work,
     relax: tuple[float, int] | None = None,
 ) -> Iterator[Atoms]:
-    """Results of ``todo`` with one calculator in this process, in input order; given
-    ``relax`` (fmax, max_steps) and a calculator that evaluates batches (UMA's), relaxed in
-    batches instead (:func:`fastcalc.relax.irelax`), in the order they finish. Others
-    relax one at a time: their ``evaluate_many`` would loop anyway, and alternating
-    structures would redo the neighbour search at every step."""
+    """Results of ``todo`` with one calculator in this process, in input order. A
+    calculator that evaluates batches (UMA's, PET's) evaluates runs of
+    :data:`SCREEN_BATCH_ATOMS` atoms per ``evaluate_many`` call and, given ``relax``
+    (fmax, max_steps), relaxes in batches (:func:`fastcalc.relax.irelax`), results in the
+    order they finish. Others go one at a time: their ``evaluate_many`` would loop anyway,
+    and alternating structures would redo the neighbour search at every step."""
     calculator = calculator_factory()
     if relax is not None and getattr(calculator, "evaluates_batches", False):
         indices = []
@@ -269,10 +276,55 @@ def _serial(
             result.info["screen_index"] = indices[position]
             yield result
         return
+    if relax is None and getattr(calculator, "evaluates_batches", False):
+        for batch in _batches(todo, SCREEN_BATCH_ATOMS):
+            entries = calculator.evaluate_many([atoms for _, atoms in batch])
+            for (index, atoms), entry in zip(batch, entries):
+                result = _evaluated_result(atoms, entry)
+                result.info["screen_index"] = index
+                yield result
+        return
     for index, atoms in todo:
         result = work(calculator, atoms)
         result.info["screen_index"] = index
         yield result
+
+
+def _batches(
+    todo: Iterator[tuple[int, Atoms]], max_atoms: int
+) -> Iterator[list[tuple[int, Atoms]]]:
+    """``todo`` read in runs of at most ``max_atoms`` atoms (a larger structure alone). If
+    reading fails (a damaged file, Ctrl-C), the structures read before are still handed
+    out, then the error raised."""
+    batch: list[tuple[int, Atoms]] = []
+    atoms = 0
+    while True:
+        try:
+            item = next(todo)
+        except StopIteration:
+            break
+        except BaseException:
+            if batch:
+                yield batch
+            raise
+        if batch and atoms + len(item[1]) > max_atoms:
+            yield batch
+            batch, atoms = [], 0
+        batch.append(item)
+        atoms += len(item[1])
+    if batch:
+        yield batch
+
+
+def _evaluated_result(atoms: Atoms, entry: dict[str, Any]) -> Atoms:
+    """What :func:`screen_structure` gives without ``relax``, from an ``evaluate_many``
+    entry."""
+    if "error" in entry:
+        return _failed(atoms.copy(), entry["error"])
+    properties = {"energy": entry["energy"], "forces": entry["forces"]}
+    if atoms.pbc.all():
+        properties["stress"] = entry["stress"]
+    return _with_results(atoms.copy(), properties)
 
 
 class _Worker:

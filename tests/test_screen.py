@@ -56,7 +56,9 @@ def nan_positions():
 
 @pytest.fixture(scope="module")
 def calculator():
-    return load_calculator("pet-demo-cu", device="cpu")
+    """float64: the screen evaluates batches, whose sums round apart from one structure's
+    in float32 (1e-6 of the energy), beyond what the comparisons below allow."""
+    return load_calculator("pet-demo-cu", device="cpu", dtype="float64")
 
 
 def by_index(path):
@@ -93,6 +95,23 @@ def test_serial_results_equal_the_calculator_on_each_structure(calculator, tmp_p
     assert sorted(frames) == [0, 1, 2, 3]
     for index, atoms in enumerate(inputs):
         np.testing.assert_allclose(frames[index].positions, atoms.positions, atol=1e-8)
+        assert_results_equal(frames[index], direct(atoms, calculator))
+
+
+def test_serial_evaluation_takes_many_structures_per_model_call(calculator, tmp_path,
+                                                               monkeypatch):
+    calls = []
+    evaluate_many = calculator.evaluate_many
+    monkeypatch.setattr(calculator, "evaluate_many",
+                        lambda structures: calls.append(len(structures)) or evaluate_many(
+                            structures))
+    inputs = [*structures(), nan_positions()]
+    summary = screen(inputs, lambda: calculator, tmp_path / "out.extxyz", progress=False)
+    assert (summary.done, summary.failed) == (4, 1)
+    assert calls == [5]
+    frames = by_index(tmp_path / "out.extxyz")
+    assert "screen_error" in frames[4].info
+    for index, atoms in enumerate(inputs[:4]):
         assert_results_equal(frames[index], direct(atoms, calculator))
 
 
@@ -230,7 +249,8 @@ def ray_cluster():
 
 def test_two_ray_workers_give_the_serial_results(ray_cluster, tmp_path):
     inputs = [*structures(), gold()]
-    factory = partial(load_calculator, "uma-demo-cu", device="cpu")  # loads faster than PET
+    # uma-demo-cu loads faster than PET; float64: the serial run evaluates batches
+    factory = partial(load_calculator, "uma-demo-cu", device="cpu", dtype="float64")
     summary = screen(inputs, factory, tmp_path / "ray.extxyz", workers=2, progress=False)
     assert (summary.done, summary.failed) == (4, 1)
     screen(inputs, factory, tmp_path / "serial.extxyz", progress=False)
