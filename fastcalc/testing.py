@@ -28,7 +28,7 @@ from .calculator import InvalidAtomsError
 
 __all__ = [
     "GROUPS", "MAY_BE_REFUSED", "Check", "Report", "Results", "Tolerances", "check_calculator",
-    "deviation", "deviations", "evaluate", "structures",
+    "deviation", "deviations", "evaluate", "evaluate_alone", "structures",
 ]
 
 #: The groups of checks, in the order they run; ``skip`` names any of them.
@@ -111,6 +111,18 @@ def evaluate(calc: BaseCalculator, atoms: Atoms, stress: bool | None = None) -> 
     if stress is None:
         stress = wants_stress(calc, atoms)
     return Results(energy, forces, np.array(atoms.get_stress(), dtype=float) if stress else None)
+
+
+def evaluate_alone(calc: BaseCalculator, atoms: Atoms) -> dict[str, np.ndarray | float]:
+    """``calc``'s results for a copy of ``atoms`` under the names ``evaluate_many`` uses:
+    energy, forces, per-atom energies and, for a cell with a volume, stress (Voigt)."""
+    atoms = atoms.copy()
+    atoms.calc = calc
+    out = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces(),
+           "energies": atoms.get_potential_energies()}
+    if atoms.cell.rank == 3:
+        out["stress"] = atoms.get_stress()
+    return out
 
 
 def deviation(actual: np.ndarray | float, expected: np.ndarray | float) -> float:

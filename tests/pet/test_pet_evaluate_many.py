@@ -15,7 +15,7 @@ from ase.stress import full_3x3_to_voigt_6_stress
 import fastcalc.pet.calculator as calculator_module
 from fastcalc import InvalidAtomsError
 from fastcalc.pet import CompiledPETCalculator, PaddedShape
-from fastcalc.testing import deviation
+from fastcalc.testing import deviation, evaluate_alone
 
 from .support import CHARGED_STATE, STRUCTURES, compile_test_model, make_structure, upstream_calculator
 
@@ -28,16 +28,6 @@ def mixed(charged: bool = False) -> list[Atoms]:
         structures[1].info.update(CHARGED_STATE)
         structures[4].info.update(charge=-2, spin=3)
     return structures
-
-
-def alone(calc: CompiledPETCalculator, atoms: Atoms) -> dict:
-    atoms = atoms.copy()
-    atoms.calc = calc
-    out = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces(),
-           "energies": atoms.get_potential_energies()}
-    if atoms.cell.rank == 3:
-        out["stress"] = atoms.get_stress()
-    return out
 
 
 def assert_same(batched: dict, single: dict, rtol: float = 1e-10) -> None:
@@ -66,7 +56,7 @@ def test_each_result_equals_the_structure_alone(model, eager):
     calc = eager(model)
     structures = mixed(charged=model == "conditioned")
     for batched, atoms in zip(calc.evaluate_many(structures), structures):
-        assert_same(batched, alone(calc, atoms))
+        assert_same(batched, evaluate_alone(calc, atoms))
 
 
 def test_charge_and_spin_are_each_systems_own(eager):
@@ -113,7 +103,7 @@ def test_a_bad_structure_gets_its_error_and_the_others_are_computed(eager):
     for index in (2, 3, 4):
         assert isinstance(results[index]["error"], InvalidAtomsError)
     for index in (0, 1, 5, 6, 7, 8):
-        assert_same(results[index], alone(calc, structures[index]))
+        assert_same(results[index], evaluate_alone(calc, structures[index]))
 
 
 def test_small_atom_budgets_split_batches_without_changing_results(eager):
@@ -129,7 +119,7 @@ def test_a_too_narrow_batch_layout_is_widened(eager, monkeypatch):
     calc = eager("adaptive")
     structures = mixed()
     for batched, atoms in zip(calc.evaluate_many(structures), structures):
-        assert_same(batched, alone(calc, atoms))
+        assert_same(batched, evaluate_alone(calc, atoms))
 
 
 @pytest.fixture(scope="module")

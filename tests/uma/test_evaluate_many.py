@@ -10,7 +10,7 @@ from ase.build import bulk, fcc111
 import fastcalc.calculator as calculator_module
 from fastcalc.calculator import InvalidAtomsError
 from fastcalc.neighbors import estimate_crowding
-from fastcalc.testing import deviation, evaluate
+from fastcalc.testing import deviation, evaluate, evaluate_alone
 from fastcalc.uma import BucketedCalculator
 
 
@@ -39,16 +39,6 @@ def mixed():
             wire, copper((2, 2, 1), 5), molecule, copper((1, 2, 1), 6, gold=True)]
 
 
-def alone(calc, atoms) -> dict:
-    atoms = atoms.copy()
-    atoms.calc = calc
-    out = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces(),
-           "energies": atoms.get_potential_energies()}
-    if atoms.cell.rank == 3:
-        out["stress"] = atoms.get_stress()
-    return out
-
-
 def assert_same(batched: dict, single: dict) -> None:
     assert set(single) <= set(batched)
     assert "stress" in batched if "stress" in single else "stress" not in batched
@@ -65,7 +55,7 @@ def calc(uma_checkpoints):
 def test_each_result_equals_the_structure_alone(calc):
     structures = mixed()
     for batched, atoms in zip(calc.evaluate_many(structures), structures):
-        assert_same(batched, alone(calc, atoms))
+        assert_same(batched, evaluate_alone(calc, atoms))
 
 
 def test_batched_results_are_fairchems(calc, reference_calculator):
@@ -119,7 +109,7 @@ def test_a_bad_structure_gets_its_error_and_the_others_are_computed(calc):
     assert isinstance(results[2]["error"], InvalidAtomsError)
     assert "NaN" in str(results[2]["error"])
     for index in (0, 1, 4, 5):
-        assert_same(results[index], alone(calc, structures[index]))
+        assert_same(results[index], evaluate_alone(calc, structures[index]))
 
 
 def test_the_calculators_own_results_are_untouched(calc):
@@ -141,6 +131,6 @@ def test_a_compiled_batch_graph_serves_every_batch_shape(uma_checkpoints, calc):
     structures = [s for s in mixed() if len(s) > 4]
     for chunk in (structures[:1], structures):
         for ours, atoms in zip(compiled.evaluate_many(chunk), chunk):
-            assert_same(ours, alone(calc, atoms))
+            assert_same(ours, evaluate_alone(calc, atoms))
     assert compiled._batch_runner.stats["compilations"] == 1
     assert compiled._batch_runner.stats["recompiles"] == 0
