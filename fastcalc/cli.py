@@ -160,7 +160,8 @@ def _parser() -> argparse.ArgumentParser:
     screening.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                            help="the model's floating-point precision")
     screening.add_argument("--relax", action="store_true",
-                           help="relax the positions with ASE's FIRE before the results")
+                           help="relax the positions with FIRE (ASE's, step for step; many "
+                                "structures per model call for models that batch) first")
     screening.add_argument("--fmax", type=float, default=0.05,
                            help="--relax stops when the largest force is below this, in eV/A")
     screening.add_argument("--max-steps", type=_at_least(1), default=500,
