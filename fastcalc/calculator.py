@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -37,12 +37,15 @@ from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList, 
 from .precision import check_precision, matmul_precision
 from .tracing import GraphRunner
 
+T = TypeVar("T")
+
 __all__ = [
     "InvalidAtomsError",
     "PotentialCalculator",
     "Result",
     "System",
     "TorchCalculator",
+    "atom_chunks",
     "charge_and_spin",
     "resolve_device",
     "to_host",
@@ -78,7 +81,9 @@ class System:
     - ``charge`` and ``spin`` (multiplicity 2S + 1) from ``atoms.info``, integers (of the
       first system of a batch); ``states`` (B, 2) int64 on the host, every system's
       [charge, spin] for a batch (None for one ``Atoms``), which a model whose
-      :meth:`TorchCalculator.batch_key` mixes states reads;
+      :meth:`TorchCalculator.batch_key` mixes states reads; ``sizes`` (B,) on the host,
+      every system's atom count for a batch (None for one ``Atoms``), so that a model
+      slices its results per system without reading ``system_index`` back;
     - ``compute_stress``: whether the stress (1/V) dE/dε is defined, that is, the three
       cell vectors are linearly independent (any pbc); ``cell`` is then the user's, no
       vector replaced, so V is its volume.
@@ -98,6 +103,7 @@ class System:
     spin: int
     compute_stress: bool
     states: np.ndarray | None = None
+    sizes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -352,7 +358,8 @@ class TorchCalculator(Calculator):
             sizes = [len(atoms) for atoms in structures]
             needs, budget = self._batch_memory(structures, groups)
             for members in groups.values():
-                for chunk in _chunks(members, sizes, max_atoms, needs, budget):
+                cost = None if needs is None else needs.__getitem__
+                for chunk in atom_chunks(members, sizes.__getitem__, max_atoms, cost, budget):
                     self._evaluate_chunk(structures, chunk, volumes, out)
             return out
 
@@ -414,8 +421,10 @@ class TorchCalculator(Calculator):
         cells = torch.tensor(host_cells, dtype=dtype, device=device)
         pbc = torch.tensor(np.stack([a.pbc for a in structures]), device=device)
         host_numbers = np.concatenate([a.numbers for a in structures])
-        counts = torch.tensor([len(a) for a in structures], device=device)
-        system_index = torch.repeat_interleave(torch.arange(len(structures), device=device), counts)
+        sizes = np.array([len(a) for a in structures])
+        system_index = torch.repeat_interleave(
+            torch.arange(len(structures), device=device), torch.from_numpy(sizes).to(device)
+        )
         search = VerletNeighborList(
             self.cutoff, 0.0, self.neighbors.max_neighbors,
             drop_zero_length=self.drops_zero_length_edges,
@@ -442,6 +451,7 @@ class TorchCalculator(Calculator):
             spin=int(states[0, 1]),
             compute_stress=True,
             states=states,
+            sizes=sizes,
         )
 
     def model_digest(self) -> str:
@@ -499,13 +509,17 @@ class TorchCalculator(Calculator):
             return None, math.inf
         needs: dict[int, float] = {}
         for index in (index for members in groups.values() for index in members):
-            atoms = structures[index]
-            crowding = estimate_crowding(atoms.positions, atoms.cell.array, atoms.pbc, self.cutoff)
-            need = self.memory_estimate(len(atoms), crowding.neighbors)
+            need, _ = self._memory_need(structures[index])
             if need is None:
                 return None, math.inf
             needs[index] = need
         return needs, BATCH_MEMORY_SHARE * free
+
+    def _memory_need(self, atoms: Atoms) -> tuple[float | None, float]:
+        """:meth:`memory_estimate` of ``atoms`` and the neighbours per atom it assumed
+        (:func:`fastcalc.neighbors.estimate_crowding` within the cutoff)."""
+        crowding = estimate_crowding(atoms.positions, atoms.cell.array, atoms.pbc, self.cutoff)
+        return self.memory_estimate(len(atoms), crowding.neighbors), crowding.neighbors
 
     def _check_memory(self, atoms: Atoms) -> None:
         """Refuse, before the neighbour search, a system whose estimated edges need more
@@ -513,12 +527,11 @@ class TorchCalculator(Calculator):
         free = free_memory(self.device)
         if free is None:
             return
-        crowding = estimate_crowding(atoms.positions, atoms.cell.array, atoms.pbc, self.cutoff)
-        needed = self.memory_estimate(len(atoms), crowding.neighbors)
+        needed, neighbors = self._memory_need(atoms)
         if needed is not None and needed > free:
             raise InvalidAtomsError(
                 f"refused before the neighbour search: {len(atoms)} atoms with about "
-                f"{crowding.neighbors:.0f} neighbours each within {self.cutoff:g} Å need about "
+                f"{neighbors:.0f} neighbours each within {self.cutoff:g} Å need about "
                 f"{needed / 2**30:.1f} GiB on {self.device}, which has {free / 2**30:.1f} GiB "
                 "free; evaluate a smaller system"
             )
@@ -602,26 +615,36 @@ class TorchCalculator(Calculator):
             self.results["energies"] = result.energies
 
 
-def _chunks(
-    members: list[int],
-    sizes: Sequence[int],
+def atom_chunks(
+    items: Iterable[T],
+    size: Callable[[T], int],
     max_atoms: int,
-    needs: dict[int, float] | None = None,
+    cost: Callable[[T], float] | None = None,
     budget: float = math.inf,
-) -> Iterator[list[int]]:
-    """``members`` in order, cut into runs of at most ``max_atoms`` atoms and, given each
-    member's estimated memory ``needs``, at most ``budget`` bytes (a larger structure goes
-    alone)."""
-    chunk: list[int] = []
-    atoms, need = 0, 0.0
-    for index in members:
-        cost = needs[index] if needs is not None else 0.0
-        if chunk and (atoms + sizes[index] > max_atoms or need + cost > budget):
+) -> Iterator[list[T]]:
+    """``items`` in order, cut into runs of at most ``max_atoms`` atoms (``size`` of each)
+    and, given each item's ``cost``, at most ``budget`` (a larger item goes alone). If
+    reading ``items`` fails (a damaged file, Ctrl-C), the run read before is still handed
+    out, then the error raised."""
+    chunk: list[T] = []
+    atoms, spent = 0, 0.0
+    iterator = iter(items)
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            break
+        except BaseException:
+            if chunk:
+                yield chunk
+            raise
+        price = cost(item) if cost is not None else 0.0
+        if chunk and (atoms + size(item) > max_atoms or spent + price > budget):
             yield chunk
-            chunk, atoms, need = [], 0, 0.0
-        chunk.append(index)
-        atoms += sizes[index]
-        need += cost
+            chunk, atoms, spent = [], 0, 0.0
+        chunk.append(item)
+        atoms += size(item)
+        spent += price
     if chunk:
         yield chunk
 

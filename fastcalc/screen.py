@@ -31,7 +31,7 @@ from ase.io import iread, write
 from ase.optimize import FIRE
 from tqdm.auto import tqdm
 
-from .calculator import InvalidAtomsError
+from .calculator import InvalidAtomsError, atom_chunks
 from .relax import Relaxed, irelax
 
 __all__ = [
@@ -277,7 +277,7 @@ def _serial(
             yield result
         return
     if relax is None and getattr(calculator, "evaluates_batches", False):
-        for batch in _batches(todo, SCREEN_BATCH_ATOMS):
+        for batch in atom_chunks(todo, lambda item: len(item[1]), SCREEN_BATCH_ATOMS):
             entries = calculator.evaluate_many([atoms for _, atoms in batch])
             for (index, atoms), entry in zip(batch, entries):
                 result = _evaluated_result(atoms, entry)
@@ -288,32 +288,6 @@ def _serial(
         result = work(calculator, atoms)
         result.info["screen_index"] = index
         yield result
-
-
-def _batches(
-    todo: Iterator[tuple[int, Atoms]], max_atoms: int
-) -> Iterator[list[tuple[int, Atoms]]]:
-    """``todo`` read in runs of at most ``max_atoms`` atoms (a larger structure alone). If
-    reading fails (a damaged file, Ctrl-C), the structures read before are still handed
-    out, then the error raised."""
-    batch: list[tuple[int, Atoms]] = []
-    atoms = 0
-    while True:
-        try:
-            item = next(todo)
-        except StopIteration:
-            break
-        except BaseException:
-            if batch:
-                yield batch
-            raise
-        if batch and atoms + len(item[1]) > max_atoms:
-            yield batch
-            batch, atoms = [], 0
-        batch.append(item)
-        atoms += len(item[1])
-    if batch:
-        yield batch
 
 
 def _evaluated_result(atoms: Atoms, entry: dict[str, Any]) -> Atoms:

@@ -26,7 +26,7 @@ import torch
 from ase import Atoms
 from ase.calculators.calculator import Calculator, all_changes
 
-from ..calculator import TorchCalculator, _chunks
+from ..calculator import TorchCalculator, atom_chunks
 from ..tracing import compiled_graphs
 from .stream import stream_structures
 from .timing import copper, device_name, force_error, synchronize, today
@@ -139,10 +139,9 @@ def in_chunks(evaluate: Evaluator, max_atoms: int = MAX_ATOMS) -> Evaluator:
     batch sizes."""
 
     def chunked(structures: list[Atoms]) -> Results:
-        sizes = [len(atoms) for atoms in structures]
         results: Results = []
-        for chunk in _chunks(list(range(len(structures))), sizes, max_atoms):
-            results += evaluate([structures[index] for index in chunk])
+        for chunk in atom_chunks(structures, len, max_atoms):
+            results += evaluate(chunk)
         return results
 
     return chunked

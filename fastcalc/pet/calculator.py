@@ -318,7 +318,7 @@ class CompiledPETCalculator(TorchCalculator):
         topology = Topology.of(system.search, candidates, shape, n)
         _, (energies, forces, virials) = self._fitted(run, topology)
         host_species = self._host_species[system.host_numbers]
-        ends = np.cumsum(np.bincount(system.system_index.cpu().numpy(), minlength=count))
+        ends = np.cumsum(system.sizes)
         results = []
         for b, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
             out = apply_reference(

@@ -255,8 +255,8 @@ class BucketedCalculator(TorchCalculator):
         :meth:`evaluate`'s, for every batch shape): per-system energies and stresses,
         forces and per-atom energies, each system's through its own normalisers."""
         # one composition: every system has the same atoms, so system b is the b-th block
-        # of ``per`` atoms, known on the host without reading system_index back
-        per = len(system.host_numbers) // len(system.cell)
+        # of ``per`` atoms
+        per = int(system.sizes[0])
         self.core.prepare(torch.from_numpy(system.host_numbers[:per]), system.charge, system.spin)
         positions, cells, numbers = system.positions, system.cell, system.numbers
         edge_index, unit_shifts = self._limited_edges(
