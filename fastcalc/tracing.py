@@ -3,7 +3,7 @@
 A function that computes the energy and calls ``torch.autograd.grad`` inside is
 traced by ``make_fx`` into a single FX graph holding the forward and the
 backward pass; ``torch.compile`` then compiles that graph as a whole
-(``fullgraph=True``), with symbolic sizes so that new atom or edge counts reuse it;
+with symbolic sizes so that new atom or edge counts reuse it;
 :class:`CapturedGraphs` replays it from CUDA graphs recorded per padded shape.
 :class:`GraphRunner` puts the three together as the runtime every model uses, and
 :func:`resolve_compile_mode` gives ``compile_mode`` its one meaning.
@@ -78,13 +78,19 @@ def _strip_profiler_nodes(graph_module: torch.fx.GraphModule) -> None:
 
 
 class CompiledGraph:
-    """``torch.compile(dynamic=True, fullgraph=True)`` of a traced graph (or any
-    function), called like it: sizes are symbolic, so new sizes reuse the compiled code.
+    """``torch.compile(dynamic=True)`` of a traced graph (or any function), called like
+    it: sizes are symbolic, so new sizes reuse the compiled code.
+
+    Not ``fullgraph=True``: a traced graph has no graph breaks anyway (the tests count
+    compiled graphs), and on torch 2.11 ``fullgraph`` turns any error raised while the
+    compiled code runs (a CUDA out-of-memory error, say) into dynamo's unrelated "Attempt
+    to trace generator", since the FX module's error handler walks the traceback with a
+    generator while dynamo still watches new frames.
     """
 
     def __init__(self, graph_module: torch.fx.GraphModule | Callable) -> None:
         options = {"triton.coalesce_tiling_analysis": False}
-        self._compiled = torch.compile(graph_module, dynamic=True, fullgraph=True, options=options)
+        self._compiled = torch.compile(graph_module, dynamic=True, options=options)
         self._first_call = True
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from ase.build import bulk, fcc111
 
 import fastcalc.calculator as calculator_module
-from fastcalc.calculator import InvalidAtomsError
+from fastcalc.calculator import BATCH_MEMORY_SHARE, InvalidAtomsError
 from fastcalc.neighbors import estimate_crowding
 from fastcalc.testing import deviation, evaluate, evaluate_alone
 from fastcalc.uma import BucketedCalculator
@@ -79,15 +80,15 @@ def test_small_atom_budgets_split_batches_without_changing_results(calc):
         assert_same(a, b)
 
 
-def test_on_a_gpu_batches_stay_within_half_the_free_memory(calc, monkeypatch):
-    """With free memory pretended (a GPU's, 5 structures' worth), batches of equal
-    structures hold 2 (half the free memory), and the results do not change."""
+def test_on_a_gpu_batches_stay_within_their_share_of_the_free_memory(calc, monkeypatch):
+    """With free memory pretended (a GPU's, so that the batch share is 2.1 structures'
+    worth), batches of equal structures hold 2, and the results do not change."""
     structures = [copper((2, 1, 1), seed) for seed in range(5)]
     whole = calc.evaluate_many(structures)
     need = calc.memory_estimate(len(structures[0]), estimate_crowding(
         structures[0].positions, structures[0].cell.array, structures[0].pbc, calc.cutoff
     ).neighbors)
-    monkeypatch.setattr(calculator_module, "free_memory", lambda device: 5.1 * need)
+    monkeypatch.setattr(calculator_module, "free_memory", lambda device: 2.1 * need / BATCH_MEMORY_SHARE)
     batches = []
     evaluate_batch = calc.evaluate_batch
     monkeypatch.setattr(calc, "evaluate_batch", lambda system: batches.append(
@@ -95,6 +96,34 @@ def test_on_a_gpu_batches_stay_within_half_the_free_memory(calc, monkeypatch):
     for a, b in zip(whole, calc.evaluate_many(structures)):
         assert_same(a, b)
     assert batches == [2, 2, 1]
+
+
+def test_a_batch_out_of_gpu_memory_is_evaluated_again_in_halves(calc, monkeypatch):
+    """A batch of more than two structures runs out of memory: its halves run instead
+    (recursively), and every result equals the structure's own."""
+    structures = [copper((2, 1, 1), seed) for seed in range(5)]
+    batches = []
+    evaluate_batch = calc.evaluate_batch
+
+    def scarce(system):
+        if len(system.cell) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (pretended)")
+        batches.append(len(system.cell))
+        return evaluate_batch(system)
+
+    monkeypatch.setattr(calc, "evaluate_batch", scarce)
+    for batched, atoms in zip(calc.evaluate_many(structures), structures):
+        assert_same(batched, evaluate_alone(calc, atoms))
+    assert batches == [2, 1, 2]
+
+
+def test_a_structure_alone_out_of_gpu_memory_gets_that_error(calc, monkeypatch):
+    def scarce(system):
+        raise torch.OutOfMemoryError("CUDA out of memory (pretended)")
+
+    monkeypatch.setattr(calc, "evaluate_batch", scarce)
+    results = calc.evaluate_many([copper((1, 1, 1), 1), copper((2, 1, 1), 2)])
+    assert all(isinstance(r["error"], torch.OutOfMemoryError) for r in results)
 
 
 def test_a_bad_structure_gets_its_error_and_the_others_are_computed(calc):
