@@ -281,6 +281,11 @@ class TorchCalculator(Calculator):
         self.neighbors = VerletNeighborList(
             self.cutoff, skin, max_neighbors, drop_zero_length=self.drops_zero_length_edges
         )
+        # the searches of evaluate_many's batches: one object, so that the neighbour matrix
+        # width it learnt carries over from batch to batch instead of being found again
+        self._batch_neighbors = VerletNeighborList(
+            self.cutoff, 0.0, max_neighbors, drop_zero_length=self.drops_zero_length_edges
+        )
         self.parameters.update(
             device=str(self.device), dtype=dtype, precision=precision, skin=skin,
             max_neighbors=max_neighbors, cache_dir=None if cache_dir is None else str(cache_dir),
@@ -436,10 +441,7 @@ class TorchCalculator(Calculator):
         system_index = torch.repeat_interleave(
             torch.arange(len(structures), device=device), torch.from_numpy(sizes).to(device)
         )
-        search = VerletNeighborList(
-            self.cutoff, 0.0, self.neighbors.max_neighbors,
-            drop_zero_length=self.drops_zero_length_edges,
-        )
+        search = self._batch_neighbors
         try:
             edge_index, unit_shifts = search(positions, cells, pbc, system_index)
         except NeighborOverflowError as error:

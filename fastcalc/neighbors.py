@@ -150,34 +150,55 @@ def _search_cells(
     enough that the search bins stay sensible. It is replaced by a unit vector
     normal to the periodic vectors, as long as the system's extent plus the cutoff.
     """
-    out = cells.detach().clone()
-    for s, (cell, pbc) in enumerate(zip(cells.detach().cpu().double(), pbcs.cpu())):
-        periodic = [cell[a] for a in range(3) if pbc[a]]
-        normals = _complement(periodic)
-        if not normals:
+    host_cells = cells.detach().cpu().double().numpy()
+    host_pbcs = pbcs.cpu().numpy()
+    replaced = host_cells.copy()
+    # fully periodic cells only need checking, and only those that may be degenerate
+    periodic = host_pbcs.all(axis=1)
+    for s in np.flatnonzero(~periodic | _maybe_degenerate(host_cells)):
+        cell, pbc = host_cells[s], host_pbcs[s]
+        normals = _complement(cell[pbc])
+        if not len(normals):
             continue
-        coords = positions.detach()[system_index == s].cpu().double()
-        for axis, normal in zip((a for a in range(3) if not pbc[a]), normals):
-            projected = coords @ normal
-            extent = float(projected.max() - projected.min()) if len(coords) else 0.0
-            out[s, axis] = normal * (extent + cutoff + 1.0)
+        coords = positions.detach()[system_index == s].cpu().double().numpy()
+        for axis, normal in zip(np.flatnonzero(~pbc), normals):
+            extent = float(np.ptp(coords @ normal)) if len(coords) else 0.0
+            replaced[s, axis] = normal * (extent + cutoff + 1.0)
+    out = cells.detach().clone()
+    out[torch.from_numpy(~host_pbcs.all(axis=1))] = torch.from_numpy(
+        replaced[~host_pbcs.all(axis=1)]
+    ).to(out)
     return out
 
 
-def _complement(periodic: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Orthonormal vectors normal to the span of the ``periodic`` cell vectors."""
-    basis: list[torch.Tensor] = []
-    for v in [*periodic, *torch.eye(3, dtype=torch.float64)]:
-        w = v - sum(((v @ u) * u for u in basis), torch.zeros(3, dtype=torch.float64))
-        independent = bool(w.norm() > 1e-8 * max(float(v.norm()), 1e-300))
+def _maybe_degenerate(cells: np.ndarray) -> np.ndarray:
+    """Which of ``cells`` (B, 3, 3) may have linearly dependent vectors by
+    :func:`_complement`'s test: a volume of at most 1e-8 times the product of the vectors'
+    lengths (every cell that test refuses, and some it accepts)."""
+    lengths = np.linalg.norm(cells, axis=2).prod(axis=1)
+    return ~(np.abs(np.linalg.det(cells)) > 1e-8 * lengths)
+
+
+def _complement(periodic: np.ndarray) -> np.ndarray:
+    """Orthonormal vectors (rows) normal to the span of the ``periodic`` cell vectors
+    (rows, float64); raises ``ValueError`` if those are zero or linearly dependent."""
+    basis: list[np.ndarray] = []
+    for v in [*periodic, *np.eye(3)]:
+        if len(basis) == 3:
+            break
+        w = v.copy()
+        for u in basis:
+            w -= (v @ u) * u
+        length = math.sqrt(w @ w)
+        independent = length > 1e-8 * max(math.sqrt(v @ v), 1e-300)
         if len(basis) < len(periodic) and not independent:
             raise ValueError(
                 "the cell vectors of the periodic axes are zero or linearly dependent: "
-                f"{[v.tolist() for v in periodic]}"
+                f"{periodic.tolist()}"
             )
-        if independent and len(basis) < 3:
-            basis.append(w / w.norm())
-    return basis[len(periodic):]
+        if independent:
+            basis.append(w / length)
+    return np.array(basis[len(periodic):]).reshape(-1, 3)
 
 
 class Crowding(NamedTuple):
@@ -216,14 +237,12 @@ def _crowding(
     non-periodic axes (None will do for a fully periodic system)."""
     cell = np.asarray(cell, dtype=np.float64)
     pbc = np.asarray(pbc, dtype=bool)
-    periodic = [torch.from_numpy(vector) for vector in cell[pbc]]
-    normals = np.array([n.numpy() for n in _complement(periodic)]).reshape(-1, 3)
+    normals = _complement(cell[pbc])
     basis = np.vstack([cell[pbc], normals])  # periodic vectors, then unit normals
     volume = abs(np.linalg.det(basis))  # of the periodic part: normals have unit length
-    heights = tuple(
-        float(volume / np.linalg.norm(np.cross(basis[(a + 1) % 3], basis[(a + 2) % 3])))
-        for a in range(int(pbc.sum()))
-    )
+    # the distance between lattice planes a is 1 / |row a of the reciprocal basis|
+    reciprocal = np.linalg.norm(np.linalg.inv(basis), axis=0)
+    heights = tuple(float(1.0 / reciprocal[a]) for a in range(int(pbc.sum())))
     extents = np.zeros(len(normals))
     if len(normals) and atoms:
         coords = np.asarray(positions, dtype=np.float64) @ normals.T
@@ -252,7 +271,14 @@ def _refuse_crowded(
     index = None if len(host_cells) == 1 else system_index.cpu().numpy()
     counts = [len(positions)] if index is None else np.bincount(index, minlength=len(host_cells))
     host_positions = None if host_pbcs.all() else positions.detach().cpu().double().numpy()
-    for s, (cell, pbc) in enumerate(zip(host_cells, host_pbcs)):
+    periodic = host_pbcs.all(axis=1)
+    # fully periodic systems at once; each suspect and each other system alone below
+    suspects = ~periodic
+    suspects[periodic] = ~_periodic_within_limits(
+        np.asarray(counts)[periodic], host_cells[periodic], radius, max_neighbors
+    )
+    for s in np.flatnonzero(suspects):
+        cell, pbc = host_cells[s], host_pbcs[s]
         coords = host_positions
         if coords is not None and index is not None:
             coords = coords[index == s]
@@ -280,6 +306,26 @@ def _refuse_crowded(
             f"{crowding.density:.3g} atoms/Å³), against a limit of {max_neighbors} "
             f"(max_neighbors); {cause}"
         )
+
+
+def _periodic_within_limits(
+    counts: np.ndarray, cells: np.ndarray, radius: float, max_neighbors: int
+) -> np.ndarray:
+    """Which fully periodic systems of ``counts`` atoms in ``cells`` (B, 3, 3) pass
+    :func:`_refuse_crowded`'s tests, by :func:`_crowding`'s estimates computed for all at
+    once (False for degenerate cells, which the test of each alone then explains)."""
+    if not len(cells) or _maybe_degenerate(cells).any():
+        return np.zeros(len(cells), dtype=bool)
+    volume = np.abs(np.linalg.det(cells))
+    heights = 1.0 / np.linalg.norm(np.linalg.inv(cells), axis=1)  # (B, 3), as _crowding's
+    images = np.prod(2 * np.ceil(radius / heights) + 1, axis=1)
+    density = counts / volume
+    neighbors = density * 4 / 3 * math.pi * radius**3
+    return (
+        (images <= MAX_IMAGES)
+        & (density <= MAX_DENSITY)
+        & (neighbors <= _ESTIMATE_MARGIN * max_neighbors)
+    )
 
 
 class HostGeometry(NamedTuple):

@@ -180,6 +180,37 @@ def test_a_batch_names_the_system_it_refuses():
         neighbor_list(positions, cells, pbcs, 4.0, system_index=system_index, max_neighbors=4096)
 
 
+def thin(atoms):
+    atoms.cell[2] = atoms.cell[0] + atoms.cell[1] + [0, 0, 1e-3]
+    return atoms
+
+
+def shrunk(atoms):
+    atoms.set_cell(atoms.cell * 0.3, scale_atoms=True)  # as if read in nm
+    return atoms
+
+
+@pytest.mark.parametrize("spoil", [thin, shrunk])
+def test_a_batch_of_periodic_systems_refuses_the_one_refused_alone(spoil):
+    """Fully periodic systems are estimated together: the spoilt third is refused with the
+    message it gets alone, naming it, and the batch without it passes."""
+    good = rattled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2))
+    systems = [good, rattled(bulk("Cu", "fcc", a=3.6).repeat(4)), spoil(good.copy())]
+    with pytest.raises(NeighborOverflowError) as alone:
+        ours(systems[2], 5.0, max_neighbors=60)
+    positions = torch.tensor(np.concatenate([a.positions for a in systems]))
+    cells = torch.tensor(np.stack([a.cell.array for a in systems]))
+    pbcs = torch.tensor(np.stack([a.pbc for a in systems]))
+    system_index = torch.repeat_interleave(torch.arange(3), torch.tensor([len(a) for a in systems]))
+    expected = str(alone.value).replace("search:", "search in system 2:")
+    with pytest.raises(NeighborOverflowError) as batch:
+        neighbor_list(positions, cells, pbcs, 5.0, system_index=system_index, max_neighbors=60)
+    assert str(batch.value) == expected
+    first = system_index < 2
+    neighbor_list(positions[first], cells[:2], pbcs[:2], 5.0, system_index=system_index[first],
+                  max_neighbors=60)
+
+
 @st.composite
 def random_systems(draw):
     n_atoms = draw(st.integers(1, 12))
