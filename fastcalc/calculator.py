@@ -46,6 +46,7 @@ __all__ = [
     "System",
     "TorchCalculator",
     "atom_chunks",
+    "even_chunks",
     "charge_and_spin",
     "resolve_device",
     "to_host",
@@ -340,7 +341,8 @@ class TorchCalculator(Calculator):
         each equal to this calculator's result for that structure alone.
 
         Structures that :meth:`batch_key` puts together are packed into batched graphs
-        of at most ``max_atoms`` atoms each (a larger structure runs alone); fewer, larger
+        of at most ``max_atoms`` atoms each (a larger structure runs alone), the atoms
+        spread evenly over as few batches as the limits allow; fewer, larger
         calls keep a GPU busy where small structures one at a time leave it idle. A
         structure that cannot be evaluated gets ``{"error": InvalidAtomsError(...)}`` and
         the others are still computed. The calculator's own ``results`` are untouched.
@@ -366,7 +368,7 @@ class TorchCalculator(Calculator):
             needs, budget = self._batch_memory(structures, groups)
             for members in groups.values():
                 cost = None if needs is None else needs.__getitem__
-                for chunk in atom_chunks(members, sizes.__getitem__, max_atoms, cost, budget):
+                for chunk in even_chunks(members, sizes.__getitem__, max_atoms, cost, budget):
                     self._evaluate_chunk(structures, chunk, volumes, out)
             return out
 
@@ -660,6 +662,36 @@ def atom_chunks(
         spent += price
     if chunk:
         yield chunk
+
+
+def even_chunks(
+    items: Sequence[T],
+    size: Callable[[T], int],
+    max_atoms: int,
+    cost: Callable[[T], float] | None = None,
+    budget: float = math.inf,
+) -> list[list[T]]:
+    """As many runs as :func:`atom_chunks` cuts ``items`` into, in order, with the atoms
+    spread evenly over them: equal structures then make batches of (nearly) equal size,
+    which pad to one shape (one CUDA graph, one graph's memory), where :func:`atom_chunks`
+    leaves a short last run. :func:`atom_chunks`' own runs where an even spread would
+    exceed ``max_atoms`` or ``budget``."""
+    greedy = list(atom_chunks(items, size, max_atoms, cost, budget))
+    if len(greedy) < 2:
+        return greedy
+    counts = [size(item) for item in items]
+    total = sum(counts)
+    runs: list[list[T]] = [[] for _ in greedy]
+    before = 0
+    for item, count in zip(items, counts):  # each item to the run its middle atom falls in
+        runs[min(int(len(runs) * (before + count / 2) / total), len(runs) - 1)].append(item)
+        before += count
+
+    def fits(run: list[T]) -> bool:
+        spent = sum(cost(item) for item in run) if cost is not None else 0.0
+        return len(run) == 1 or (sum(map(size, run)) <= max_atoms and spent <= budget)
+
+    return runs if all(run and fits(run) for run in runs) else greedy
 
 
 def to_host(*tensors: torch.Tensor | None) -> list[np.ndarray | None]:

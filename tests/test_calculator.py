@@ -13,6 +13,7 @@ from ase.md.verlet import VelocityVerlet
 from pair_potential import CUTOFF, ase_morse, morse_calculator, morse_energy
 
 from fastcalc import InvalidAtomsError, PotentialCalculator
+from fastcalc.calculator import atom_chunks, even_chunks
 from fastcalc.calculator import charge_and_spin
 
 
@@ -237,3 +238,20 @@ def test_absurd_geometries_are_refused_at_once_and_the_calculator_goes_on(absurd
     good.calc = calc
     assert good.get_potential_energy() == pytest.approx(
         reference(good).get_potential_energy(), rel=1e-11)
+
+
+def test_even_chunks_spread_equal_structures_over_as_many_batches_as_atom_chunks():
+    """256 structures of 64 atoms under a 5824-atom limit: atom_chunks cuts 91, 91, 74;
+    even_chunks cuts three runs, in order, of 85 or 86."""
+    items = list(range(256))
+    greedy = [len(run) for run in atom_chunks(items, lambda _: 64, 5824)]
+    runs = even_chunks(items, lambda _: 64, 5824)
+    assert greedy == [91, 91, 74]
+    assert [item for run in runs for item in run] == items
+    assert sorted(len(run) for run in runs) == [85, 85, 86]
+
+
+def test_even_chunks_keep_atom_chunks_runs_where_an_even_spread_breaks_the_budget():
+    costs = [1.0, 1.0, 1.0, 3.0]
+    runs = even_chunks(list(range(4)), lambda _: 1, 100, costs.__getitem__, budget=3.0)
+    assert runs == [[0, 1, 2], [3]]

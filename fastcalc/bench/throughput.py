@@ -26,7 +26,7 @@ import torch
 from ase import Atoms
 from ase.calculators.calculator import Calculator, all_changes
 
-from ..calculator import TorchCalculator, atom_chunks
+from ..calculator import TorchCalculator, even_chunks
 from ..tracing import compiled_graphs
 from .stream import stream_structures
 from .timing import copper, device_name, force_error, synchronize, today
@@ -135,12 +135,12 @@ def many_at_once(calc: TorchCalculator) -> Evaluator:
 
 def in_chunks(evaluate: Evaluator, max_atoms: int = MAX_ATOMS) -> Evaluator:
     """``evaluate`` on consecutive runs of at most ``max_atoms`` atoms (a larger structure
-    alone), as ``evaluate_many`` cuts its batches: an upstream batched path given the same
-    batch sizes."""
+    alone) spread evenly, as ``evaluate_many`` cuts its batches: an upstream batched path
+    given the same batch sizes."""
 
     def chunked(structures: list[Atoms]) -> Results:
         results: Results = []
-        for chunk in atom_chunks(structures, len, max_atoms):
+        for chunk in even_chunks(structures, len, max_atoms):
             results += evaluate(chunk)
         return results
 
