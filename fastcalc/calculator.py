@@ -440,9 +440,8 @@ class TorchCalculator(Calculator):
         pbc = torch.tensor(np.stack([a.pbc for a in structures]), device=device)
         host_numbers = np.concatenate([a.numbers for a in structures])
         sizes = np.array([len(a) for a in structures])
-        system_index = torch.repeat_interleave(
-            torch.arange(len(structures), device=device), torch.from_numpy(sizes).to(device)
-        )
+        # made on the host: one copy, where repeat_interleave on the device waits for it
+        system_index = torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes)).to(device)
         search = self._batch_neighbors
         try:
             edge_index, unit_shifts = search(positions, cells, pbc, system_index)

@@ -102,9 +102,11 @@ def _search(
     pbcs = (pbc if batched else pbc.unsqueeze(0)).to(device=device, dtype=torch.bool)
     if system_index is None:
         system_index = torch.zeros(n_atoms, dtype=torch.long, device=device)
-    search_cells = _search_cells(positions, cells, pbcs, system_index, cutoff)
+    # one host copy of the cells for both host-side steps
+    host_cells, host_pbcs = cells.detach().cpu().double().numpy(), pbcs.cpu().numpy()
+    search_cells = _search_cells(positions, cells, host_cells, host_pbcs, system_index, cutoff)
     if max_neighbors is not None:
-        _refuse_crowded(positions, cells, pbcs, system_index, cutoff, max_neighbors)
+        _refuse_crowded(positions, host_cells, host_pbcs, system_index, cutoff, max_neighbors)
     kwargs: dict = {"method": "cell_list"}
     if batched:
         counts = torch.bincount(system_index, minlength=cells.shape[0])
@@ -139,7 +141,8 @@ def _search(
 def _search_cells(
     positions: torch.Tensor,
     cells: torch.Tensor,
-    pbcs: torch.Tensor,
+    host_cells: np.ndarray,
+    host_pbcs: np.ndarray,
     system_index: torch.Tensor,
     cutoff: float,
 ) -> torch.Tensor:
@@ -149,9 +152,8 @@ def _search_cells(
     never enters an edge vector; it only needs to be non-degenerate and long
     enough that the search bins stay sensible. It is replaced by a unit vector
     normal to the periodic vectors, as long as the system's extent plus the cutoff.
+    ``host_cells`` (float64) and ``host_pbcs`` are host copies of ``cells`` and their pbc.
     """
-    host_cells = cells.detach().cpu().double().numpy()
-    host_pbcs = pbcs.cpu().numpy()
     replaced = host_cells.copy()
     # fully periodic cells only need checking, and only those that may be degenerate
     periodic = host_pbcs.all(axis=1)
@@ -164,11 +166,9 @@ def _search_cells(
         for axis, normal in zip(np.flatnonzero(~pbc), normals):
             extent = float(np.ptp(coords @ normal)) if len(coords) else 0.0
             replaced[s, axis] = normal * (extent + cutoff + 1.0)
-    out = cells.detach().clone()
-    out[torch.from_numpy(~host_pbcs.all(axis=1))] = torch.from_numpy(
-        replaced[~host_pbcs.all(axis=1)]
-    ).to(out)
-    return out
+    if periodic.all():
+        return cells.detach()
+    return torch.from_numpy(replaced).to(cells)
 
 
 def _maybe_degenerate(cells: np.ndarray) -> np.ndarray:
@@ -255,8 +255,8 @@ def _crowding(
 
 def _refuse_crowded(
     positions: torch.Tensor,
-    cells: torch.Tensor,
-    pbcs: torch.Tensor,
+    host_cells: np.ndarray,
+    host_pbcs: np.ndarray,
     system_index: torch.Tensor,
     radius: float,
     max_neighbors: int,
@@ -265,9 +265,8 @@ def _refuse_crowded(
     :data:`MAX_DENSITY`, makes the search visit more than :data:`MAX_IMAGES` images of
     each atom, or is estimated to have far more than ``max_neighbors`` neighbours per atom.
     Positions are copied to the host only for a system with a non-periodic axis, the
-    system index only for a batch: cheap next to the search."""
-    host_cells = cells.detach().cpu().double().numpy()
-    host_pbcs = pbcs.cpu().numpy()
+    system index only for a batch: cheap next to the search. ``host_cells`` (float64) and
+    ``host_pbcs`` are the systems' cells and pbc on the host."""
     index = None if len(host_cells) == 1 else system_index.cpu().numpy()
     counts = [len(positions)] if index is None else np.bincount(index, minlength=len(host_cells))
     host_positions = None if host_pbcs.all() else positions.detach().cpu().double().numpy()

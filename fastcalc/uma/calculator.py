@@ -226,15 +226,14 @@ class BucketedCalculator(TorchCalculator):
             self._padded = (numbers, atoms, torch.cat([numbers, padding]), mask)
         return self._padded[2], self._padded[3]
 
-    def _limited_edges(
-        self, system: System, edge_system: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``system``'s pairs under fairchem's neighbour limit, on the device; skipped when
-        no atom can exceed it. ``edge_system`` gives each pair's system in a batch."""
+    def _limited_edges(self, system: System) -> tuple[torch.Tensor, torch.Tensor]:
+        """``system``'s pairs (of one system or a batch) under fairchem's neighbour limit,
+        on the device; skipped when no atom can exceed it."""
         edge_index, unit_shifts = system.edge_index, system.unit_shifts
         limit = self.core.max_neighbors
         if not 0 < limit < system.most_neighbors:
             return edge_index, unit_shifts
+        edge_system = None if system.sizes is None else system.system_index[edge_index[0]]
         with torch.no_grad():
             vectors = edge_vectors(
                 system.positions, system.cell, edge_index, unit_shifts, edge_system
@@ -259,9 +258,7 @@ class BucketedCalculator(TorchCalculator):
         per = int(system.sizes[0])
         self.core.prepare(torch.from_numpy(system.host_numbers[:per]), system.charge, system.spin)
         positions, cells, numbers = system.positions, system.cell, system.numbers
-        edge_index, unit_shifts = self._limited_edges(
-            system, system.system_index[system.edge_index[0]]
-        )
+        edge_index, unit_shifts = self._limited_edges(system)
         edge_system = system.system_index[edge_index[0]]
         n = len(numbers)
         atoms = padded_size(n, ATOM_STEP)

@@ -164,3 +164,15 @@ def test_a_compiled_batch_graph_serves_every_batch_shape(uma_checkpoints, calc):
             assert_same(ours, evaluate_alone(calc, atoms))
     assert compiled._batch_runner.stats["compilations"] == 1
     assert compiled._batch_runner.stats["recompiles"] == 0
+
+
+def test_fairchems_neighbour_limit_applies_per_structure_in_a_batch(uma_checkpoints):
+    """The variant checkpoint keeps few neighbours per atom (fairchem's limit): a batch of
+    crowded copper cells gives each the result it gets alone."""
+    limited = BucketedCalculator(uma_checkpoints["variant"].path, task_name="omat",
+                                 dtype="float64", device="cpu", compile_mode="eager",
+                                 bucket_size=64)
+    structures = [copper((2, 1, 1), seed) for seed in range(3)]
+    assert limited.core.max_neighbors < 40  # far fewer than the ~78 within the cutoff
+    for batched, atoms in zip(limited.evaluate_many(structures), structures):
+        assert_same(batched, evaluate_alone(limited, atoms))
