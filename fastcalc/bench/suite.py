@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,6 +228,15 @@ MODELS: dict[str, Callable[[Path, str, bool], Contest]] = {
 }
 
 
+@contextmanager
+def _contest(name: str, device: str, small: bool) -> Iterator[Contest]:
+    """Model ``name``'s contest (a key of ``MODELS``), its files in a temporary folder,
+    with fastcalc's note that it compiles at the first call silenced."""
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*compiles the model at its first call.*")
+        yield MODELS[name](Path(folder), device, small)
+
+
 @dataclass(frozen=True)
 class Agreement:
     """Relative differences of fastcalc from upstream on one structure."""
@@ -312,9 +322,7 @@ def run_benchmark(
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     records: list[BenchRecord] = []
-    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*compiles the model at its first call.*")
-        contest = MODELS[name](Path(folder), device, small)
+    with _contest(name, device, small) as contest:
         factories = chosen(contest.contenders(), contenders)
         agreement = check_agreement(contest.reference(), contest.eager(), copper(sizes[0]))
         print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32, "
@@ -347,9 +355,7 @@ def run_stream(
     structures = stream_structures(small)
     records: list[StreamRecord] = []
     for name in names:
-        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*compiles the model at its first call.*")
-            contest = MODELS[name](Path(folder), device, small)
+        with _contest(name, device, small) as contest:
             reference, eager = contest.reference(), contest.eager()
             worst = max((check_agreement(reference, eager, atoms) for _, atoms in structures),
                         key=lambda agreement: agreement.forces)
@@ -424,9 +430,7 @@ def run_throughput(
     sets = throughput_sets(small)
     records: list[ThroughputRecord] = []
     for name in names:
-        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*compiles the model at its first call.*")
-            contest = MODELS[name](Path(folder), device, small)
+        with _contest(name, device, small) as contest:
             first = next(iter(sets.values()))[0]
             agreement = check_agreement(contest.reference(), contest.eager(), first)
             print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32, "
