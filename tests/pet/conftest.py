@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from fastcalc.pet import CompiledPETCalculator
+
 from .support import (
     CHARGED_STATE,
     MODEL_VARIANTS,
@@ -65,5 +67,20 @@ def loaded(pet_models):
             built = pet_models[model]
             cache[key] = load_pet(built.pt if suffix == ".pt" else built.ckpt)
         return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def eager(pet_models):
+    """Memoised eager float64 calculators, keyed by model name."""
+    cache: dict[str, CompiledPETCalculator] = {}
+
+    def get(model: str) -> CompiledPETCalculator:
+        if model not in cache:
+            cache[model] = CompiledPETCalculator(
+                pet_models[model].pt, device="cpu", dtype="float64", compile_mode="eager"
+            )
+        return cache[model]
 
     return get

@@ -50,21 +50,6 @@ def assert_matches(atoms: Atoms, expected: Reference, rtol: float = RTOL) -> Non
         assert deviation(atoms.get_stress(), voigt) < rtol
 
 
-@pytest.fixture(scope="module")
-def eager(pet_models):
-    """Memoised eager float64 calculators, keyed by model name."""
-    cache: dict[str, CompiledPETCalculator] = {}
-
-    def get(model: str) -> CompiledPETCalculator:
-        if model not in cache:
-            cache[model] = CompiledPETCalculator(
-                pet_models[model].pt, device="cpu", dtype="float64", compile_mode="eager"
-            )
-        return cache[model]
-
-    return get
-
-
 def evaluated(atoms: Atoms, calculator, **info) -> Atoms:
     atoms = atoms.copy()
     atoms.info.update(info)

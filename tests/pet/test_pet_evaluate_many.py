@@ -37,20 +37,6 @@ def assert_same(batched: dict, single: dict, rtol: float = 1e-10) -> None:
         np.testing.assert_allclose(batched[key], value, rtol=rtol, atol=rtol, err_msg=key)
 
 
-@pytest.fixture(scope="module")
-def eager(pet_models):
-    cache: dict[str, CompiledPETCalculator] = {}
-
-    def get(model: str) -> CompiledPETCalculator:
-        if model not in cache:
-            cache[model] = CompiledPETCalculator(
-                pet_models[model].pt, device="cpu", dtype="float64", compile_mode="eager"
-            )
-        return cache[model]
-
-    return get
-
-
 @pytest.mark.parametrize("model", ["adaptive", "conditioned", "residual"])
 def test_each_result_equals_the_structure_alone(model, eager):
     calc = eager(model)
