@@ -241,6 +241,8 @@ class TorchCalculator(Calculator):
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
+    #: The model (set by subclasses): holds every tensor its compiled functions read.
+    core: torch.nn.Module
     #: Spin multiplicity when ``atoms.info`` gives none.
     default_spin = 1
     #: What ``todict()`` (and so ASE's trajectories) records: the constructor's settings.
@@ -479,10 +481,12 @@ class TorchCalculator(Calculator):
     ) -> GraphRunner:
         """The :class:`fastcalc.tracing.GraphRunner` of ``fn`` (the model's function
         ``graph``: ``"single"`` or ``"batch"``) in ``mode``, with this calculator's disk
-        cache of compiled models unless ``cache_dir`` is False."""
+        cache of compiled models unless ``cache_dir`` is False. ``fn`` reads no tensors
+        but its inputs and those of the model's ``core``."""
         if mode == "eager" or self.cache_dir is False:
             return GraphRunner(fn, mode)
-        return GraphRunner(fn, mode, CompileCache(self.cache_dir), partial(self._cache_key, graph))
+        cache = CompileCache(self.cache_dir)
+        return GraphRunner(fn, mode, cache, partial(self._cache_key, graph), owner=self.core)
 
     def _cache_key(self, graph: str) -> CacheKey:
         """The disk cache key of this calculator's compiled function ``graph``."""

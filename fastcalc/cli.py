@@ -196,8 +196,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=_at_least(0), metavar="N",
                        help="warm-up calls per size before timing (default: 3)")
     bench.add_argument("--contenders", nargs="+", metavar="NAME",
-                       help="sizes: time only these calculators of the contest, e.g. "
-                            "fairchem fastcalc (default: all)")
+                       help="sizes and first-result: time only these calculators of the "
+                            "contest, e.g. fairchem fastcalc (default: all)")
     bench.add_argument("--out", type=Path, metavar="FOLDER",
                        help="where the records (pet.json, uma.json, stream.json, ...) and their "
                             "plots go (default: a new folder ./fastcalc-bench-DATE-TIME)")
@@ -366,7 +366,8 @@ def _bench(args: argparse.Namespace) -> None:
     print(f"fastcalc bench: writing into {out}", flush=True)
     names = list(MODELS) if args.model == "all" else [args.model]
     if args.workload == "first-result":
-        run_first_result(names, device=device, out=out, small=args.small)
+        run_first_result(names, device=device, out=out, small=args.small,
+                         contenders=args.contenders)
         return
     if args.workload == "throughput":
         passes = args.calls if args.calls is not None else (1 if args.small else 3)

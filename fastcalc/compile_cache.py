@@ -1,12 +1,13 @@
-"""A per-user disk cache of compiled models, so that the next process compiles from it.
+"""A per-user disk cache of compiled models, so that the next process runs them at once.
 
-The first process that compiles a model stores torch's compile artifacts of that
-compilation (inductor's generated code and AOTAutograd's graphs, from
-``torch.compiler.save_cache_artifacts``) in one file; a later process on a machine with
-the same software and device loads them (``torch.compiler.load_cache_artifacts``) before
-compiling, so that inductor finds every kernel already generated and built. This works
-across machines that share the folder (a job array over nodes), where torch's own cache
-in ``/tmp`` does not. Tracing still runs in every process.
+The first process that compiles a model's function stores it compiled ahead of time
+(:class:`fastcalc.saved_graph.SavedGraph`: the traced graph's code, the model tensors it
+reads, and torch's ``aot_compile`` artifact of dynamo's and inductor's output), together
+with torch's compile artifacts of that compilation (``torch.compiler.save_cache_artifacts``:
+inductor's code and its compiled kernels). A later process on a machine with the same
+software and device loads both and calls the compiled code without tracing or compiling.
+This works across machines that share the folder (a job array over nodes), where
+torch's own caches in ``/tmp`` do not.
 
 Entries are named by a :class:`CacheKey`: the model's content (a digest of its weights
 and hyper-parameters, not its file name), fastcalc's, torch's and triton's versions, the
@@ -33,13 +34,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
+
+from .saved_graph import LoadedGraph, SavedGraph
 
 __all__ = ["CACHE_ENV", "CacheKey", "CompileCache", "default_cache_dir", "tensors_digest"]
 
 #: Environment variable naming the cache folder.
 CACHE_ENV = "FASTCALC_CACHE_DIR"
 _SUFFIX = ".fastcalc-compiled"
-_MAGIC = b"fastcalc-compiled-1\n"
+_MAGIC = b"fastcalc-compiled-2\n"
 
 
 def default_cache_dir() -> Path:
@@ -143,17 +147,19 @@ class CompileCache:
         """Where the entry of ``key`` lives."""
         return self.folder / key.name
 
-    def load(self, key: CacheKey) -> bool:
-        """Hand the stored artifacts of ``key`` to torch's compile caches; False if there
-        are none. An unusable entry is reported in one warning and removed."""
+    def load(self, key: CacheKey, owner: nn.Module | None) -> LoadedGraph | None:
+        """The stored graph of ``key`` bound to the tensors of ``owner`` (the model), or
+        None if there is none. An unusable entry is reported in one warning and removed."""
         path = self.path(key)
         if not path.exists():
-            return False
+            return None
         try:
-            stored_key, artifacts = _read(path)
+            stored_key, saved, artifacts = _read(path)
             if stored_key != asdict(key):
                 raise ValueError("its key does not match")
-            torch.compiler.load_cache_artifacts(artifacts)
+            if artifacts:
+                torch.compiler.load_cache_artifacts(artifacts)
+            return LoadedGraph.load(saved, owner)
         except Exception as error:  # any damage: report, drop, compile again
             warnings.warn(
                 f"fastcalc: compile cache entry {path} is unusable ({error}); compiling "
@@ -162,23 +168,25 @@ class CompileCache:
                 stacklevel=2,
             )
             path.unlink(missing_ok=True)
-            return False
-        return True
-
-    def store(self, key: CacheKey) -> Path | None:
-        """Write what torch compiled in this process as the entry of ``key`` (atomically:
-        a temporary file renamed into place); None when torch recorded nothing or the
-        folder cannot be written (reported in one warning: the model runs regardless)."""
-        saved = torch.compiler.save_cache_artifacts()
-        if saved is None:
             return None
-        header = json.dumps(
-            {"key": asdict(key), "sha256": hashlib.sha256(saved[0]).hexdigest()}
-        ).encode()
+
+    def store(self, key: CacheKey, saved: SavedGraph) -> Path | None:
+        """Write ``saved`` and what torch compiled in this process as the entry of ``key``
+        (atomically: a temporary file renamed into place); None when the folder cannot
+        be written (reported in one warning: the model runs regardless)."""
+        artifacts = torch.compiler.save_cache_artifacts()
+        payload = saved.compiled + (artifacts[0] if artifacts is not None else b"")
+        header = json.dumps({
+            "key": asdict(key),
+            "sha256": hashlib.sha256(saved.source.encode() + payload).hexdigest(),
+            "source": saved.source,
+            "attributes": saved.attributes,
+            "compiled_bytes": len(saved.compiled),
+        }).encode()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=self.folder, suffix=".tmp", delete=False) as file:
-                file.write(_MAGIC + header + b"\n" + saved[0])
+                file.write(_MAGIC + header + b"\n" + payload)
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(file.name, self.path(key))
@@ -214,13 +222,16 @@ class CompileCache:
         return len(paths)
 
 
-def _read(path: Path) -> tuple[dict, bytes]:
-    """The key and artifacts of an entry file; ValueError if it is damaged."""
+def _read(path: Path) -> tuple[dict, SavedGraph, bytes]:
+    """The key, saved graph and torch compile artifacts of an entry file; ValueError if
+    it is damaged."""
     data = path.read_bytes()
     if not data.startswith(_MAGIC):
         raise ValueError("not a fastcalc compile cache file")
-    header, _, artifacts = data[len(_MAGIC):].partition(b"\n")
+    header, _, payload = data[len(_MAGIC):].partition(b"\n")
     meta = json.loads(header)
-    if hashlib.sha256(artifacts).hexdigest() != meta["sha256"]:
+    if hashlib.sha256(meta["source"].encode() + payload).hexdigest() != meta["sha256"]:
         raise ValueError("its contents do not match their checksum")
-    return meta["key"], artifacts
+    size = meta["compiled_bytes"]
+    saved = SavedGraph(meta["source"], meta["attributes"], payload[:size])
+    return meta["key"], saved, payload[size:]

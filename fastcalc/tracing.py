@@ -32,7 +32,10 @@ import torch.fx.experimental._config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
 from tqdm.auto import tqdm
 
+from torch import nn
+
 from .compile_cache import CacheKey, CompileCache
+from .saved_graph import COMPILE_OPTIONS, GuardsRefused, LoadedGraph, compile_ahead
 
 __all__ = [
     "COMPILE_MODES",
@@ -89,8 +92,7 @@ class CompiledGraph:
     """
 
     def __init__(self, graph_module: torch.fx.GraphModule | Callable) -> None:
-        options = {"triton.coalesce_tiling_analysis": False}
-        self._compiled = torch.compile(graph_module, dynamic=True, options=options)
+        self._compiled = torch.compile(graph_module, dynamic=True, options=COMPILE_OPTIONS)
         self._first_call = True
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -197,13 +199,6 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _inductor_cache_counts() -> tuple[int, int]:
-    """Inductor's FX graph cache (hits, misses) so far in this process."""
-    from torch._dynamo.utils import counters
-
-    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
-
-
 _log = logging.getLogger("fastcalc")
 
 
@@ -229,6 +224,25 @@ def _elapsed(description: str, delay: float = 3.0) -> Iterator[None]:
         thread.join()
 
 
+class _LoadedOrCompiled:
+    """A loaded graph, and for inputs its guards refuse (it cannot recompile) the function
+    traced and compiled in this process at the first such call."""
+
+    def __init__(self, loaded: LoadedGraph, fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+        self.loaded = loaded
+        self.fn = fn
+        self._compiled: CompiledGraph | None = None
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._compiled is None:
+            try:
+                return self.loaded(*inputs)
+            except GuardsRefused:
+                _log.info("fastcalc: the stored graph does not take these inputs; compiling")
+                self._compiled = CompiledGraph(trace(self.fn, inputs))
+        return self._compiled(*inputs)
+
+
 class GraphRunner:
     """The one compile-and-replay runtime of fastcalc's models.
 
@@ -245,12 +259,16 @@ class GraphRunner:
 
     With a ``cache`` (:class:`fastcalc.compile_cache.CompileCache`) and ``key`` (called at
     the first compilation, since a model's digest costs a pass over its weights), the
-    first compilation starts from the stored entry of that key when there is one, and
-    stores one when there is not. The first call logs where its time went at INFO level
-    (logger ``"fastcalc"``) and shows a progress line while it compiles.
+    first compiled call loads the stored graph of that key when there is one: compiled
+    code, called without tracing or compiling, bound to the tensors of ``owner`` (the
+    model, which must hold every tensor ``fn`` reads). When there is none, it traces,
+    compiles ahead of time (:func:`fastcalc.saved_graph.compile_ahead`) and stores the
+    result. A loaded graph cannot recompile: inputs it refuses are served by ``fn``
+    traced and compiled in this process. The first call logs where its time went at
+    INFO level (logger ``"fastcalc"``) and shows a progress line while it compiles.
 
-    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache`` and ``key`` only (so
-    ``fn`` and ``key`` must pickle: bound methods or module-level callables, not
+    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key`` and ``owner``
+    only (so ``fn`` and ``key`` must pickle: bound methods or module-level callables, not
     closures): compiled code and CUDA graphs belong to one process and one copy of the
     model's tensors, so the copy compiles anew at its first call (from the disk cache
     when there is one), and its ``stats`` start from zero.
@@ -262,6 +280,7 @@ class GraphRunner:
         mode: str,
         cache: CompileCache | None = None,
         key: Callable[[], CacheKey] | None = None,
+        owner: nn.Module | None = None,
     ) -> None:
         if mode not in COMPILE_MODES[1:]:
             raise ValueError(f"GraphRunner takes a resolved mode {COMPILE_MODES[1:]}, got {mode!r}")
@@ -271,6 +290,7 @@ class GraphRunner:
         self.mode = mode
         self.cache = cache
         self.key = key
+        self.owner = owner
         self._run: Callable[..., tuple[torch.Tensor, ...]] | None = None
         self._compilations = 0
         self._from_cache = False
@@ -288,36 +308,57 @@ class GraphRunner:
             return outputs
 
     def _first_call(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """Trace, compile (from the disk cache if it holds this model) and call."""
+        """Load the stored graph, or trace and compile (storing the result), then call."""
         start = time.perf_counter()
         key = self.key() if self.key is not None else None
-        loaded = self.cache is not None and self.cache.load(key)
+        loaded = self.cache.load(key, self.owner) if key is not None else None
         found = time.perf_counter()
-        graph = trace(lambda *args: self.fn(*args), inputs)
-        traced = time.perf_counter()
-        compiled = CompiledGraph(graph)
-        self._run = CapturedGraphs(compiled) if self.mode == "reduce-overhead" else compiled
-        before, (hits, misses) = compiled_graphs(), _inductor_cache_counts()
-        source = "from the disk cache" if loaded else "no disk cache entry" if key else "no cache"
-        with _elapsed(f"fastcalc: compiling the model ({source})"):
+        self._from_cache = loaded is not None
+        if loaded is not None:
+            run = _LoadedOrCompiled(loaded, self.fn)
+            traced = found
+        else:
+            graph = trace(lambda *args: self.fn(*args), inputs)
+            traced = time.perf_counter()
+            run = self._compile(graph, inputs, key)
+        self._run = CapturedGraphs(run) if self.mode == "reduce-overhead" else run
+        before = compiled_graphs()
+        with _elapsed("fastcalc: running the model the first time"):
             outputs = self._run(*inputs)
         self._compilations += compiled_graphs() - before
-        new_hits, new_misses = _inductor_cache_counts()
-        self._from_cache = loaded and new_hits > hits and new_misses == misses
-        if self.cache is not None and not self._from_cache:
-            self.cache.store(key)
         _log.info(
             "fastcalc: first compiled call %.1f s: disk cache %.1f s (%s), tracing %.1f s, "
-            "compiling and running %.1f s (%s)",
+            "compiling and running %.1f s",
             time.perf_counter() - start, found - start,
-            f"entry {self.cache.path(key)}" if key else "off", traced - found,
-            time.perf_counter() - traced,
-            "compiled code from the disk cache" if self._from_cache else "compiled anew",
+            "off" if key is None else
+            f"loaded {self.cache.path(key)}" if loaded is not None else "no entry",
+            traced - found, time.perf_counter() - traced,
         )
         return outputs
 
+    def _compile(
+        self, graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], key: CacheKey | None
+    ) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """``graph`` compiled with dynamic shapes; with a cache key, ahead of time and stored
+        (or, for a graph that cannot be stored, reported and compiled as usual)."""
+        if key is None:
+            return CompiledGraph(graph)
+        try:
+            with _elapsed("fastcalc: compiling the model (stored for later processes)"):
+                before = compiled_graphs()
+                loaded, saved = compile_ahead(graph, self.owner, inputs)
+                self._compilations += compiled_graphs() - before
+        except ValueError as error:
+            warnings.warn(f"fastcalc: the compiled model cannot be stored ({error})", stacklevel=4)
+            return CompiledGraph(graph)
+        self.cache.store(key, saved)
+        return _LoadedOrCompiled(loaded, self.fn)
+
     def __getstate__(self) -> dict:
-        return {"fn": self.fn, "mode": self.mode, "cache": self.cache, "key": self.key}
+        return {
+            "fn": self.fn, "mode": self.mode, "cache": self.cache, "key": self.key,
+            "owner": self.owner,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
@@ -327,7 +368,7 @@ class GraphRunner:
         """``compilations`` (torch.compile graphs made; 1 after the first compiled call),
         ``cuda_graphs`` (recorded, one per padded shape), ``recompiles`` (compilations
         after the first, which should stay 0) and ``from_cache`` (1 when the compiled
-        code came from the disk cache: inductor generated none)."""
+        graph was loaded from the disk cache: nothing traced or compiled for it)."""
         return {
             "compilations": self._compilations,
             "cuda_graphs": getattr(self._run, "count", 0),

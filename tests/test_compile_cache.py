@@ -1,5 +1,6 @@
-"""The disk cache of compiled models: a second process compiles from what the first
-stored, a damaged entry is reported and rebuilt, and two processes may fill one entry."""
+"""The disk cache of compiled models: a second process runs what the first compiled and
+stored without tracing or compiling, a damaged entry is reported and rebuilt, two
+processes may fill one entry, and inputs a stored graph refuses are compiled for."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import torch
 from test_tracing import crystal, graph_inputs, morse_efs
 
 from fastcalc.compile_cache import CACHE_ENV, CacheKey, CompileCache, default_cache_dir
+from fastcalc.saved_graph import SavedGraph
+from fastcalc.tracing import GraphRunner
 
 WORKER = Path(__file__).with_name("compile_cache_worker.py")
 
@@ -60,13 +63,13 @@ def stored(tmp_path_factory) -> Path:
     return cache
 
 
-def test_a_second_process_compiles_from_the_stored_entry(stored, tmp_path, eager):
+def test_a_second_process_runs_the_stored_entry_without_compiling(stored, tmp_path, eager):
     (entry,) = CompileCache(stored).entries()
     assert entry.key["model"] == "morse-test" and entry.key["torch"] == torch.__version__
     result, _ = run(stored, tmp_path / "inductor")
     assert result["stats"] == {
-        "compilations": 1, "cuda_graphs": 0, "recompiles": 0, "from_cache": 1
-    }  # dynamo traced once; inductor generated nothing
+        "compilations": 0, "cuda_graphs": 0, "recompiles": 0, "from_cache": 1
+    }
     assert_equal_to_eager(result, eager)
 
 
@@ -99,7 +102,7 @@ def test_an_entry_of_another_key_is_not_used(tmp_path):
     key = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
     other = CacheKey.create("b", torch.device("cpu"), torch.float64, "float32", "default")
     assert cache.path(key) != cache.path(other)
-    assert not cache.load(key)  # nothing stored
+    assert cache.load(key, None) is None  # nothing stored
 
 
 def test_a_file_that_is_not_an_entry_is_reported_and_removed(tmp_path):
@@ -107,7 +110,7 @@ def test_a_file_that_is_not_an_entry_is_reported_and_removed(tmp_path):
     key = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
     cache.path(key).write_bytes(b"half a file")
     with pytest.warns(UserWarning, match="is unusable .not a fastcalc compile cache file"):
-        assert not cache.load(key)
+        assert cache.load(key, None) is None
     assert not cache.path(key).exists()
 
 
@@ -130,7 +133,19 @@ def test_clear_removes_every_entry(stored, tmp_path):
 def test_a_folder_that_cannot_be_written_is_reported_and_nothing_breaks(tmp_path, monkeypatch):
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")
-    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
     key = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
     with pytest.warns(UserWarning, match="cannot store the compiled model"):
-        assert CompileCache(blocked / "cache").store(key) is None
+        assert CompileCache(blocked / "cache").store(key, SavedGraph("", {}, b"")) is None
+
+
+def test_inputs_a_stored_graph_refuses_are_compiled_for(tmp_path):
+    """A stored graph cannot recompile: float32 inputs to a float64 graph are traced and
+    compiled in this process, and give the eager results."""
+    key = CacheKey.create("morse-test", torch.device("cpu"), torch.float64, "float32", "default")
+    inputs = graph_inputs(crystal((2, 2, 2)))
+    GraphRunner(morse_efs, "default", CompileCache(tmp_path), lambda: key)(*inputs)
+    runner = GraphRunner(morse_efs, "default", CompileCache(tmp_path), lambda: key)
+    single = [x.float() if x.is_floating_point() else x for x in inputs]
+    for ours, reference in zip(runner(*single), morse_efs(*single)):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+    assert runner.stats["from_cache"] == 1 and runner.stats["compilations"] == 1

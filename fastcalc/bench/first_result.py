@@ -13,6 +13,7 @@ nothing; fairchem's preset compiles).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -51,7 +52,7 @@ def _environment(folder: Path, torch_caches: str, fastcalc_cache: str) -> dict[s
 
 def _one_process(args: list[str], env: dict[str, str]) -> float:
     """Seconds from starting ``python -m fastcalc.bench.first_result ARGS`` to the moment
-    it reports its first result."""
+    it reports its first result; prints what fastcalc logged of its first call."""
     start = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "fastcalc.bench.first_result", *args],
@@ -59,22 +60,29 @@ def _one_process(args: list[str], env: dict[str, str]) -> float:
     )
     if done.returncode != 0:
         raise RuntimeError(f"first-result process {args} failed:\n{done.stderr[-3000:]}")
+    for line in done.stderr.splitlines():
+        if line.startswith("fastcalc: first compiled call"):
+            print(f"{args[0]} {args[1]}: {line}", flush=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["done_at"] - start
 
 
 def time_first_results(
-    family: str, model: str, path: Path, upstream: str, device: str, natoms: int, folder: Path
+    family: str, model: str, path: Path, impls: list[str], device: str, natoms: int,
+    folder: Path,
 ) -> list[FirstResultRecord]:
-    """fastcalc cold and warm, then ``upstream`` cold and warm, each in a fresh process on
-    the model file ``path`` of ``family``; cache folders go under ``folder``."""
+    """Each of ``impls`` ("fastcalc" or the upstream's name) cold, then warm, each in a
+    fresh process on the model file ``path`` of ``family``; cache folders go under
+    ``folder``."""
     import torch
 
-    runs = [
-        ("fastcalc", "cold", _environment(folder, "torch-1", "fastcalc")),
-        ("fastcalc", "warm", _environment(folder, "torch-2", "fastcalc")),
-        (upstream, "cold", _environment(folder, "torch-3", "unused")),
-        (upstream, "warm", _environment(folder, "torch-3", "unused")),
-    ]
+    runs = []
+    for impl in impls:
+        if impl == "fastcalc":  # warm: its disk cache as the cold run left it, torch's empty
+            environments = [_environment(folder, "torch-1", "fastcalc"),
+                            _environment(folder, "torch-2", "fastcalc")]
+        else:  # warm: torch's caches as the cold run left them
+            environments = [_environment(folder, "torch-3", "unused")] * 2
+        runs += [(impl, "cold", environments[0]), (impl, "warm", environments[1])]
     return [
         FirstResultRecord(
             date=today(), gpu=device_name(), torch=torch.__version__, model=model, impl=impl,
@@ -86,7 +94,10 @@ def time_first_results(
 
 
 def _first_result(family: str, impl: str, path: str, device: str, natoms: int) -> None:
-    """Build the calculator, evaluate energy, forces and stress once, report the time."""
+    """Build the calculator, evaluate energy, forces and stress once, report the time;
+    fastcalc's log of where the first call's time went goes to standard error."""
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("fastcalc").setLevel(logging.INFO)
     from .upstream import fairchem_preset_calculator, metatomic_calculator
 
     if impl == "fastcalc":

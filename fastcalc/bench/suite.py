@@ -386,10 +386,12 @@ FIRST_RESULT_ATOMS = {"pet": 64, "uma": 108}
 
 
 def run_first_result(
-    names: list[str], *, device: str, out: Path, small: bool = False
+    names: list[str], *, device: str, out: Path, small: bool = False,
+    contenders: list[str] | None = None,
 ) -> list[FirstResultRecord]:
     """The ``first-result`` workload for models ``names`` (keys of ``MODELS``): write
-    ``{out}/first_result.json`` (rewritten after each model) and print a table."""
+    ``{out}/first_result.json`` (rewritten after each model) and print a table.
+    ``contenders`` times only those of fastcalc and the upstream (default: both)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "first_result.json"
     records: list[FirstResultRecord] = []
@@ -397,9 +399,10 @@ def run_first_result(
         with tempfile.TemporaryDirectory() as folder:
             contest = MODELS[name](Path(folder), device, small)
             natoms = 32 if small else FIRST_RESULT_ATOMS.get(name, 64)
+            impls = [impl for impl in ("fastcalc", contest.upstream)
+                     if contenders is None or impl in contenders]
             records += time_first_results(
-                name, contest.model, contest.path, contest.upstream, device, natoms,
-                Path(folder),
+                name, contest.model, contest.path, impls, device, natoms, Path(folder),
             )
         write_records(records, path)
     rows = "\n".join(
