@@ -53,16 +53,23 @@ COMPILE_MODES = ("auto", "eager", "default", "reduce-overhead")
 _PROFILER_OPS = ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
 
 
-def trace(fn: Callable, example_inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
+def trace(
+    fn: Callable, example_inputs: Sequence[torch.Tensor], *, record_stack_traces: bool = False
+) -> torch.fx.GraphModule:
     """``fn`` traced with symbolic sizes into one graph, profiler nodes removed.
 
     Tensors ``fn`` reads from elsewhere (a model's weights) become graph
     attributes that share their storage, so in-place updates reach the graph.
+    ``record_stack_traces`` keeps in ``node.meta["stack_trace"]`` the source lines
+    that made each node (for reports such as ``benchmarks/graph_memory.py``).
     """
     with fx_config.patch(use_duck_shape=False):
-        graph_module = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(
-            *example_inputs
-        )
+        graph_module = make_fx(
+            fn,
+            tracing_mode="symbolic",
+            _allow_non_fake_inputs=True,
+            record_stack_traces=record_stack_traces,
+        )(*example_inputs)
     _strip_profiler_nodes(graph_module)
     return graph_module
 
