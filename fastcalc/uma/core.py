@@ -30,10 +30,13 @@ so a traced or compiled graph of them stays valid across re-merges;
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from ..geometry import batch_energies_forces_stress, edge_vectors, energy_forces_stress
+from ..recompute import recompute
 from .checkpoint import TaskSpec, UMACheckpoint
 from .experts import ExpertRouter, SystemEmbedding
 from .layers import (
@@ -105,20 +108,31 @@ class EdgeFrames:
         m_major: torch.Tensor,
         degree_major: torch.Tensor,
     ) -> None:
-        self.forward_blocks = [None, *blocks[1:]]
+        self.forward_blocks = blocks[1:]  # degree 0: the identity
         self.back_blocks = [envelope, *(block.transpose(1, 2) * envelope for block in blocks[1:])]
         self.m_major = m_major
         self.degree_major = degree_major
 
     def messages(
-        self, x: torch.Tensor, neighbour: torch.Tensor, centre: torch.Tensor
+        self,
+        x: torch.Tensor,
+        neighbour: torch.Tensor,
+        centre: torch.Tensor,
+        radial: torch.Tensor,
+        scale: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``."""
-        pairs = torch.cat(
-            (rotate(self.forward_blocks, x[neighbour]), rotate(self.forward_blocks, x[centre])),
-            dim=2,
-        )
-        return pairs.index_select(1, self.m_major)
+        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``,
+        scaled by ``scale(pairs, radial)``.
+
+        Recomputed in the backward pass from ``x``, ``radial`` and the rotations: the
+        gathered, rotated and scaled per-edge copies are never kept for it.
+        """
+
+        def scaled_pairs(x: torch.Tensor, radial: torch.Tensor, *blocks: torch.Tensor) -> torch.Tensor:
+            rotated = [rotate([None, *blocks], x[index]) for index in (neighbour, centre)]
+            return scale(torch.cat(rotated, dim=2).index_select(1, self.m_major), radial)
+
+        return recompute(scaled_pairs, x, radial, *self.forward_blocks)
 
     def to_nodes(self, messages: torch.Tensor) -> torch.Tensor:
         """Edge-frame messages (E, M, C) back in the node frame, times the envelope."""
@@ -164,7 +178,8 @@ class _Block(nn.Module):
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        messages, gates = self.conv_1(frames.messages(x, neighbour, centre), radial)
+        messages = frames.messages(x, neighbour, centre, radial, self.conv_1.scale)
+        messages, gates = self.conv_1(messages)
         messages, _ = self.conv_2(self.gate(gates, messages))
         x = residual.index_add(0, centre, frames.to_nodes(messages))
         return x + self.feed_forward(self.norm_2(x))
