@@ -47,7 +47,7 @@ from .layers import (
     SpectralFeedForward,
     mixed_linear,
 )
-from .radial import RadialNetworks
+from .radial import RadialNetworks, radial_tail
 from .so3 import (
     WignerFromSamples,
     coefficient_degrees,
@@ -155,6 +155,7 @@ class _Block(nn.Module):
         super().__init__()
         edge = f"{prefix}edge_wise."
         self.norm_1 = RMSNormSH(weights, f"{prefix}norm_1.", lmax)
+        self.radial = radial_tail(weights, f"{edge}so2_conv_1.rad_func.net.")
         self.conv_1 = SO2Convolution(
             weights, f"{edge}so2_conv_1.", lmax, mmax, hidden, extra=lmax * hidden
         )
@@ -173,16 +174,21 @@ class _Block(nn.Module):
         neighbour: torch.Tensor,
         frames: EdgeFrames,
     ) -> torch.Tensor:
-        """Node features ``x`` after the layer; ``radial`` (E, ...) is the output of this
-        layer's radial network (see :class:`fastcalc.uma.radial.RadialNetworks`)."""
+        """Node features ``x`` after the layer; ``radial`` (E, hidden) is the first-layer
+        output of this layer's radial network (see :class:`fastcalc.uma.radial.RadialNetworks`)."""
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        messages = frames.messages(x, neighbour, centre, radial, self.conv_1.scale)
+        messages = frames.messages(x, neighbour, centre, radial, self._scale)
         messages, gates = self.conv_1(messages)
         messages, _ = self.conv_2(self.gate(gates, messages))
         x = residual.index_add(0, centre, frames.to_nodes(messages))
         return x + self.feed_forward(self.norm_2(x))
+
+    def _scale(self, pairs: torch.Tensor, radial: torch.Tensor) -> torch.Tensor:
+        """Edge-frame ``pairs`` scaled by this layer's radial network, whose first-layer
+        output is ``radial``."""
+        return self.conv_1.scale(pairs, self.radial(radial))
 
 
 class UMACore(nn.Module):
@@ -212,7 +218,7 @@ class UMACore(nn.Module):
         self.blocks = nn.ModuleList(
             _Block(w, f"blocks.{i}.", self.lmax, self.mmax, self.channels, hidden) for i in layers
         )
-        # the edge-degree embedding's radial network first, then each block's
+        # the first layers of the edge-degree embedding's radial network, then each block's
         self.radial = RadialNetworks(
             w,
             ["edge_degree_embedding.rad_func.net."]
@@ -220,6 +226,8 @@ class UMACore(nn.Module):
             basis_size=int(backbone.get("num_distance_basis", 512)),
             cutoff=self.cutoff,
         )
+        # the rest of the edge-degree embedding's network (each block holds the rest of its own)
+        self.edge_degree_radial = radial_tail(w, "edge_degree_embedding.rad_func.net.")
         self.final_norm = RMSNormSH(w, "norm.", self.lmax)
         self.system_embedding = SystemEmbedding(checkpoint.weights, backbone)
         self.router = (
@@ -354,7 +362,7 @@ class UMACore(nn.Module):
         )
 
         edge_degree, *radial = self.radial(lengths, numbers[neighbour], numbers[centre])
-        x = self._initial_features(numbers, edge_degree, centre, frames)
+        x = self._initial_features(numbers, self.edge_degree_radial(edge_degree), centre, frames)
         for block, block_radial in zip(self.blocks, radial):
             x = block(x, self.system, block_radial, centre, neighbour, frames)
         x = self.final_norm(x)
