@@ -73,11 +73,31 @@ class DegreeLinear(nn.Module):
         return add_to_scalar(mixed, self.bias)
 
 
+def gate_runs(degrees: list[int]) -> list[tuple[int, int, int, int]]:
+    """Runs ``(start, stop, first gate, end gate)`` of components after the first whose
+    gates are one slice of the gate blocks (gate block ``l - 1`` for degree ``l``):
+    degrees rising by one (edge-frame order) or repeated (degree-major order)."""
+    runs = []
+    start = 1
+    while start < len(degrees):
+        stop = start + 1
+        step = degrees[stop] - degrees[start] if stop < len(degrees) else 0
+        step = step if step in (0, 1) else 0
+        while stop < len(degrees) and degrees[stop] - degrees[stop - 1] == step:
+            stop += 1
+        first = degrees[start] - 1
+        runs.append((start, stop, first, first + 1 if step == 0 else first + stop - start))
+        start = stop
+    return runs
+
+
 class Gate(nn.Module):
     """SiLU on the first (l=0) component, sigmoid gates on the others.
 
     ``degrees`` lists the degree of every component (first must be 0); the
-    gate for a component of degree ``l`` is gate channel block ``l - 1``.
+    gate for a component of degree ``l`` is gate channel block ``l - 1``. Each run of
+    :func:`gate_runs` multiplies a slice of the gates, broadcast where degrees repeat,
+    so that no per-component copy of the gates is made (nor kept for the backward pass).
     """
 
     def __init__(self, degrees: list[int], channels: int) -> None:
@@ -85,12 +105,13 @@ class Gate(nn.Module):
         if degrees[0] != 0 or 0 in degrees[1:]:
             raise ValueError("gate layout must have exactly one leading l=0 component")
         self.channels = channels
-        self.register_buffer("index", torch.tensor([l - 1 for l in degrees[1:]]), persistent=False)
+        self.runs = gate_runs(degrees)
 
     def forward(self, gates: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``x`` gated: SiLU on its l=0 component, ``sigmoid(gates)`` times the others."""
-        gates = torch.sigmoid(gates).unflatten(1, (-1, self.channels))[:, self.index]
-        return torch.cat((F.silu(x[:, :1]), x[:, 1:] * gates), dim=1)
+        gates = torch.sigmoid(gates).unflatten(1, (-1, self.channels))
+        gated = [x[:, start:stop] * gates[:, first:end] for start, stop, first, end in self.runs]
+        return torch.cat((F.silu(x[:, :1]), *gated), dim=1)
 
 
 class SpectralFeedForward(nn.Module):
