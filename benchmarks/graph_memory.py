@@ -6,9 +6,10 @@ inputs of rattled fcc copper as ``BucketedCalculator.evaluate`` makes them, and 
 and backward). Nothing runs: every node's shape is the traced size, read from the
 symbolic trace, so 1008 atoms cost no memory. Each tensor that allocates (views,
 in-place ops and ``getitem`` share their base's storage) lives from the node that makes
-it to the last node reading it or a view of it; the report gives the peak of the sum,
+it to the last node reading it or a view of it (reading its size does not count); the report gives the peak of the sum,
 the tensors alive there (grouped by the source line that made them) and what the
-forward pass leaves for the backward one. Inputs and weights are counted apart.
+forward pass leaves for the backward one. Dead code (a recomputed output that only its
+gradient needed) is removed first; inputs and weights are counted apart.
 
 This is a proxy for the compiled graph on a GPU: inductor fuses pointwise chains (whose
 intermediates then never exist) and may reorder, so the GPU peak differs, but what the
@@ -170,6 +171,8 @@ def storages(graph: torch.fx.Graph) -> tuple[list[Storage], int, int]:
                 owner[node] = None
     end = len(nodes) - 1
     for i, node in enumerate(nodes):
+        if isinstance(node.meta.get("val"), (torch.SymInt, int)):
+            continue  # reads a size, not the data
         for used in node.all_input_nodes:
             storage = owner.get(used)
             if storage is not None:
@@ -263,6 +266,7 @@ def main() -> None:
     inputs = copper_inputs(core, args.atoms)
     anchor_source_functions()
     graph = trace(lambda *xs: core.energy_and_gradients(*xs), inputs, record_stack_traces=True)
+    graph.graph.eliminate_dead_code()  # as the compiler does: results nothing reads
     print(
         f"UMA core ({len(core.blocks)} layers, {core.channels} channels, lmax {core.lmax}, "
         f"mmax {core.mmax}), {args.atoms} Cu atoms padded to {len(inputs[0])}, "
