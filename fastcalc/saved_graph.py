@@ -29,6 +29,8 @@ import torch
 import torch.fx
 import torch.fx.experimental._config as fx_config
 from torch import nn
+from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
+from torch._dynamo.hooks import Hooks
 
 __all__ = ["GuardsRefused", "LoadedGraph", "SavedGraph", "compile_ahead", "tensor_paths"]
 
@@ -97,7 +99,7 @@ class LoadedGraph:
     def load(cls, saved: SavedGraph, owner: nn.Module | None) -> LoadedGraph:
         """``saved`` bound to the tensors of ``owner`` at its attribute paths."""
         module = _module(saved.source)
-        compiled = torch._dynamo.aot_compile.AOTCompiledFunction.deserialize(
+        compiled = AOTCompiledFunction.deserialize(
             saved.compiled, module.__dict__
         )
         return cls(compiled, _holder(module, owner, saved.attributes))
@@ -135,9 +137,13 @@ def compile_ahead(
     source = _source(graph_module)
     module = _module(source)
     holder = _holder(module, owner, attributes)
+    # what torch.compile(fullgraph=True, dynamic=True, options=...).aot_compile does in
+    # torch 2.13, called directly: torch 2.11 has the function but not that method
+    backend = torch._TorchCompileInductorWrapper("default", COMPILE_OPTIONS, True)
     with fx_config.patch(use_duck_shape=False):
-        compiled = torch.compile(
-            module.Traced.forward, fullgraph=True, dynamic=True, options=COMPILE_OPTIONS
-        ).aot_compile(((holder, *example_inputs), {}))
+        compiled = aot_compile_fullgraph(
+            module.Traced.forward, ((holder, *example_inputs), {}), hooks=Hooks(),
+            backend=backend, dynamic=True,
+        )
     saved = SavedGraph(source, attributes, type(compiled).serialize(compiled).serialized_data)
     return LoadedGraph(compiled, holder), saved
