@@ -107,7 +107,9 @@ class LoadedGraph:
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The graph's outputs for ``inputs``; :class:`GuardsRefused` if it cannot take them."""
         if not self._compiled.guard_check(self._holder, *inputs):
-            raise GuardsRefused("the compiled graph's guards refuse these inputs")
+            f_locals = self._compiled.prepare_f_locals(self._holder, *inputs)
+            reason = self._compiled._artifacts.guard_manager.check_verbose(f_locals)
+            raise GuardsRefused(f"the compiled graph's guards refuse these inputs: {reason}")
         return self._compiled(self._holder, *inputs)
 
 

@@ -244,8 +244,8 @@ class _LoadedOrCompiled:
         if self._compiled is None:
             try:
                 return self.loaded(*inputs)
-            except GuardsRefused:
-                _log.info("fastcalc: the stored graph does not take these inputs; compiling")
+            except GuardsRefused as refusal:
+                _log.info("fastcalc: %s; compiling for them", refusal)
                 self._compiled = CompiledGraph(trace(self.fn, inputs))
         return self._compiled(*inputs)
 
