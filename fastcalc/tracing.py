@@ -327,7 +327,10 @@ class GraphRunner:
         else:
             graph = trace(lambda *args: self.fn(*args), inputs)
             traced = time.perf_counter()
-            run = self._compile(graph, inputs, key)
+            # compiled on tensors that own their memory, as CUDA graphs' static inputs do:
+            # an input view would add guards on its base, which copies fail
+            owning = [x.clone() if x._base is not None else x for x in inputs]
+            run = self._compile(graph, owning, key)
         self._run = CapturedGraphs(run) if self.mode == "reduce-overhead" else run
         before = compiled_graphs()
         with _elapsed("fastcalc: running the model the first time"):

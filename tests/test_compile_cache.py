@@ -149,3 +149,19 @@ def test_inputs_a_stored_graph_refuses_are_compiled_for(tmp_path):
     for ours, reference in zip(runner(*single), morse_efs(*single)):
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
     assert runner.stats["from_cache"] == 1 and runner.stats["compilations"] == 1
+
+
+def test_a_graph_first_called_on_a_view_takes_copies_without_compiling_again(tmp_path, eager):
+    """CUDA graphs call the compiled graph on copies of the first call's inputs; an input
+    that was a view (PET's padded positions) must not tie the graph to views."""
+    key = CacheKey.create("morse-view", torch.device("cpu"), torch.float64, "float32", "default")
+    inputs = list(graph_inputs(crystal((2, 2, 2))))
+    atoms = len(inputs[0])
+    inputs[0] = torch.cat([inputs[0], inputs[0]])[:atoms]
+    runner = GraphRunner(morse_efs, "default", CompileCache(tmp_path), lambda: key)
+    runner(*inputs)
+    energy, forces, stress = runner(*[x.clone() for x in inputs])
+    assert_equal_to_eager(
+        {"energy": float(energy), "forces": forces, "stress": stress}, eager
+    )
+    assert runner.stats["compilations"] == 1
