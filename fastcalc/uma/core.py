@@ -30,13 +30,10 @@ so a traced or compiled graph of them stays valid across re-merges;
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
 from ..geometry import batch_energies_forces_stress, edge_vectors, energy_forces_stress
-from ..recompute import recompute
 from .checkpoint import TaskSpec, UMACheckpoint
 from .experts import ExpertRouter, SystemEmbedding
 from .layers import (
@@ -47,7 +44,7 @@ from .layers import (
     SpectralFeedForward,
     mixed_linear,
 )
-from .radial import RadialNetworks, radial_tail
+from .radial import RadialNetworks
 from .so3 import (
     WignerFromSamples,
     coefficient_degrees,
@@ -108,31 +105,20 @@ class EdgeFrames:
         m_major: torch.Tensor,
         degree_major: torch.Tensor,
     ) -> None:
-        self.forward_blocks = blocks[1:]  # degree 0: the identity
+        self.forward_blocks = [None, *blocks[1:]]
         self.back_blocks = [envelope, *(block.transpose(1, 2) * envelope for block in blocks[1:])]
         self.m_major = m_major
         self.degree_major = degree_major
 
     def messages(
-        self,
-        x: torch.Tensor,
-        neighbour: torch.Tensor,
-        centre: torch.Tensor,
-        radial: torch.Tensor,
-        scale: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        self, x: torch.Tensor, neighbour: torch.Tensor, centre: torch.Tensor
     ) -> torch.Tensor:
-        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``,
-        scaled by ``scale(pairs, radial)``.
-
-        Recomputed in the backward pass from ``x``, ``radial`` and the rotations: the
-        gathered, rotated and scaled per-edge copies are never kept for it.
-        """
-
-        def scaled_pairs(x: torch.Tensor, radial: torch.Tensor, *blocks: torch.Tensor) -> torch.Tensor:
-            rotated = [rotate([None, *blocks], x[index]) for index in (neighbour, centre)]
-            return scale(torch.cat(rotated, dim=2).index_select(1, self.m_major), radial)
-
-        return recompute(scaled_pairs, x, radial, *self.forward_blocks)
+        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``."""
+        pairs = torch.cat(
+            (rotate(self.forward_blocks, x[neighbour]), rotate(self.forward_blocks, x[centre])),
+            dim=2,
+        )
+        return pairs.index_select(1, self.m_major)
 
     def to_nodes(self, messages: torch.Tensor) -> torch.Tensor:
         """Edge-frame messages (E, M, C) back in the node frame, times the envelope."""
@@ -155,7 +141,6 @@ class _Block(nn.Module):
         super().__init__()
         edge = f"{prefix}edge_wise."
         self.norm_1 = RMSNormSH(weights, f"{prefix}norm_1.", lmax)
-        self.radial = radial_tail(weights, f"{edge}so2_conv_1.rad_func.net.")
         self.conv_1 = SO2Convolution(
             weights, f"{edge}so2_conv_1.", lmax, mmax, hidden, extra=lmax * hidden
         )
@@ -174,21 +159,15 @@ class _Block(nn.Module):
         neighbour: torch.Tensor,
         frames: EdgeFrames,
     ) -> torch.Tensor:
-        """Node features ``x`` after the layer; ``radial`` (E, hidden) is the first-layer
-        output of this layer's radial network (see :class:`fastcalc.uma.radial.RadialNetworks`)."""
+        """Node features ``x`` after the layer; ``radial`` (E, ...) is the output of this
+        layer's radial network (see :class:`fastcalc.uma.radial.RadialNetworks`)."""
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        messages = frames.messages(x, neighbour, centre, radial, self._scale)
-        messages, gates = self.conv_1(messages)
+        messages, gates = self.conv_1(frames.messages(x, neighbour, centre), radial)
         messages, _ = self.conv_2(self.gate(gates, messages))
         x = residual.index_add(0, centre, frames.to_nodes(messages))
         return x + self.feed_forward(self.norm_2(x))
-
-    def _scale(self, pairs: torch.Tensor, radial: torch.Tensor) -> torch.Tensor:
-        """Edge-frame ``pairs`` scaled by this layer's radial network, whose first-layer
-        output is ``radial``."""
-        return self.conv_1.scale(pairs, self.radial(radial))
 
 
 class UMACore(nn.Module):
@@ -218,7 +197,7 @@ class UMACore(nn.Module):
         self.blocks = nn.ModuleList(
             _Block(w, f"blocks.{i}.", self.lmax, self.mmax, self.channels, hidden) for i in layers
         )
-        # the first layers of the edge-degree embedding's radial network, then each block's
+        # the edge-degree embedding's radial network first, then each block's
         self.radial = RadialNetworks(
             w,
             ["edge_degree_embedding.rad_func.net."]
@@ -226,8 +205,6 @@ class UMACore(nn.Module):
             basis_size=int(backbone.get("num_distance_basis", 512)),
             cutoff=self.cutoff,
         )
-        # the rest of the edge-degree embedding's network (each block holds the rest of its own)
-        self.edge_degree_radial = radial_tail(w, "edge_degree_embedding.rad_func.net.")
         self.final_norm = RMSNormSH(w, "norm.", self.lmax)
         self.system_embedding = SystemEmbedding(checkpoint.weights, backbone)
         self.router = (
@@ -362,7 +339,7 @@ class UMACore(nn.Module):
         )
 
         edge_degree, *radial = self.radial(lengths, numbers[neighbour], numbers[centre])
-        x = self._initial_features(numbers, self.edge_degree_radial(edge_degree), centre, frames)
+        x = self._initial_features(numbers, edge_degree, centre, frames)
         for block, block_radial in zip(self.blocks, radial):
             x = block(x, self.system, block_radial, centre, neighbour, frames)
         x = self.final_norm(x)

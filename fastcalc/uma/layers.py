@@ -184,8 +184,8 @@ class SO2Convolution(nn.Module):
 
     ``m = 0``: a real linear map of all ``l`` components (optionally producing
     ``extra`` leading gate channels).  ``m > 0``: a complex linear map of the
-    ``(+m, -m)`` pair.  :meth:`scale` scales the inputs of each block element-wise by
-    their slice of radial scales (the output of a radial network).
+    ``(+m, -m)`` pair.  Given radial scales (the output of a radial network), the
+    inputs of each block are first scaled element-wise by their slice of them.
     """
 
     def __init__(
@@ -213,26 +213,27 @@ class SO2Convolution(nn.Module):
         """Its linear maps (m = 0, then each m > 0): the ones whose experts get merged."""
         return [self.m0, *self.orders]
 
-    def scale(self, x: torch.Tensor, radial: torch.Tensor) -> torch.Tensor:
-        """``x`` (E, M, C_in) scaled block by block by ``radial`` (E, sum(radial_sizes)):
-        the ``m = 0`` block element-wise, each ``(+m, -m)`` pair by one shared slice."""
+    def forward(
+        self, x: torch.Tensor, radial: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (E, M, C_in), scaled by ``radial`` (E, sum(radial_sizes)) if given,
+        -> (output (E, M, C_out), gate channels (E, extra))."""
         blocks = x.split(self.block_sizes, dim=1)
-        scales = radial.split(self.radial_sizes, dim=1)
-        out = [blocks[0] * scales[0].view_as(blocks[0])]
-        for block, scale in zip(blocks[1:], scales[1:]):
-            pair = block.unflatten(1, (2, -1))
-            out.append((pair * scale.view_as(pair[:, 0]).unsqueeze(1)).flatten(1, 2))
-        return torch.cat(out, dim=1)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` (E, M, C_in) -> (output (E, M, C_out), gate channels (E, extra))."""
-        blocks = x.split(self.block_sizes, dim=1)
-        gates, m0 = self.m0(blocks[0].flatten(1)).split(
-            (self.extra, self.m0.weight.shape[0] - self.extra), dim=1
+        scales = (
+            radial.split(self.radial_sizes, dim=1)
+            if radial is not None
+            else [None] * len(self.block_sizes)
         )
+        flat = blocks[0].flatten(1)
+        if scales[0] is not None:
+            flat = flat * scales[0]
+        gates, m0 = self.m0(flat).split((self.extra, self.m0.weight.shape[0] - self.extra), dim=1)
         out = [m0.unflatten(1, (-1, self.out_channels))]
-        for block, layer in zip(blocks[1:], self.orders):
-            out.append(layer(block.flatten(1)).unflatten(1, (-1, self.out_channels)))
+        for block, scale, layer in zip(blocks[1:], scales[1:], self.orders):
+            pair = block.unflatten(1, (2, -1)).flatten(2)
+            if scale is not None:
+                pair = pair * scale.unsqueeze(1)
+            out.append(layer(pair.flatten(1)).unflatten(1, (-1, self.out_channels)))
         return torch.cat(out, dim=1), gates
 
 

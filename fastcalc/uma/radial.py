@@ -12,10 +12,7 @@ element and the target embedding of the centre's element. That map is split by i
   (B, networks * hidden) product forward and one backward, instead of one
   (E, B + 2 * embedding) product per network each way.
 
-The rest of each network (LayerNorm, SiLU, Linear, repeated: :func:`radial_tail`) is
-left to its user, so that a block can evaluate its own where it recomputes its messages
-in the backward pass (:meth:`fastcalc.uma.core.EdgeFrames.messages`): then neither the
-(E, hidden) activations nor the wide output are kept for that pass.
+The rest of each network (LayerNorm, SiLU, Linear, repeated) runs on its slice.
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ def radial_tail(weights: Weights, prefix: str) -> nn.Sequential:
 
 
 class RadialNetworks(nn.Module):
-    """The first layers of the radial MLPs ``{prefix}0.weight, ...`` of ``prefixes``,
-    sharing their input.
+    """The radial MLPs ``{prefix}0.weight, ...`` of ``prefixes``, sharing their input.
 
     ``weights`` holds the backbone's ``source_embedding.weight`` and
     ``target_embedding.weight`` too; the first layers' inputs are ``[basis, source,
@@ -80,17 +76,17 @@ class RadialNetworks(nn.Module):
         self.register_buffer("basis_weight", torch.cat(basis))  # (networks * hidden, B)
         self.register_buffer("source_table", torch.cat(sources, dim=1))  # (elements, ...)
         self.register_buffer("target_table", torch.cat(targets, dim=1))
+        self.tails = nn.ModuleList(radial_tail(weights, prefix) for prefix in prefixes)
 
     def forward(
         self, lengths: torch.Tensor, source: torch.Tensor, target: torch.Tensor
     ) -> list[torch.Tensor]:
-        """Each network's first-layer output (E, hidden), the input of its
-        :func:`radial_tail`, for edges of ``lengths`` (E,) between atoms of atomic numbers
-        ``source`` (E,) (the neighbour) and ``target`` (E,) (the centre)."""
+        """Each network's output (E, out) for edges of ``lengths`` (E,) between atoms of
+        atomic numbers ``source`` (E,) (the neighbour) and ``target`` (E,) (the centre)."""
         gaussians = torch.exp(self.coefficient * (lengths.unsqueeze(-1) - self.offsets) ** 2)
         hidden = (
             linear(gaussians, self.basis_weight)
             + self.source_table[source]
             + self.target_table[target]
         )
-        return list(hidden.split(self.hidden_sizes, dim=1))
+        return [tail(part) for tail, part in zip(self.tails, hidden.split(self.hidden_sizes, dim=1))]
