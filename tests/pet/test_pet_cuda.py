@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import torch
 from ase import Atoms
+from ase.build import bulk
 from ase.stress import voigt_6_to_full_3x3_stress
 from torch._dynamo.utils import counters
+
+from cache_worker import run_twice
 
 from fastcalc.pet import CompiledPETCalculator
 
@@ -173,3 +176,20 @@ def test_evaluate_many_under_cuda_graphs_matches_eager_one_at_a_time(compiled, e
             assert_close(ours, results(eager, atoms))
     stats = compiled._batch_runner.stats
     assert stats["compilations"] == 1 and stats["recompiles"] == 0
+
+
+def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(tmp_path):
+    """Two fresh processes with empty torch caches share only fastcalc's disk cache: the
+    first compiles once (its first call's inputs include a view) and stores, the second
+    loads the stored graph without compiling, replays CUDA graphs and gives the same
+    numbers as the eager calculator."""
+    runs = run_twice("pet-demo-cu", tmp_path)
+    assert runs[0]["stats"]["from_cache"] == 0 and runs[0]["stats"]["compilations"] == 1
+    assert runs[1]["stats"]["from_cache"] == 1 and runs[1]["stats"]["compilations"] == 0
+    assert runs[1]["stats"]["cuda_graphs"] >= 1
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.02, seed=9)
+    expected = results(CompiledPETCalculator("pet-demo-cu", device="cuda", compile_mode="eager"), atoms)
+    for run in runs:
+        assert relative_error(run["energy"], expected["energy"]) < FLOAT32_RTOL
+        assert relative_error(run["forces"], expected["forces"]) < FLOAT32_RTOL

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from ase.build import bulk
+
+from cache_worker import run_twice
 
 from fastcalc.uma import BucketedCalculator
 
@@ -196,20 +193,12 @@ def test_evaluate_many_on_cuda_matches_one_at_a_time(calculators):
 def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(uma_checkpoints,
                                                                        tmp_path, calculators):
     """Two fresh processes with empty torch caches share only fastcalc's disk cache: the
-    second compiles from the stored entry, replays CUDA graphs and gives the same numbers."""
-    worker = Path(__file__).with_name("uma_cache_worker.py")
-    path = uma_checkpoints["main"].path
-    runs = []
-    for run in range(2):
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor{run}")}
-        done = subprocess.run(
-            [sys.executable, str(worker), str(path), str(tmp_path / "cache")],
-            env=env, capture_output=True, text=True, timeout=900,
-        )
-        assert done.returncode == 0, done.stderr
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    assert runs[0]["stats"]["from_cache"] == 0
-    assert runs[1]["stats"]["from_cache"] == 1 and runs[1]["stats"]["cuda_graphs"] >= 1
+    first compiles once and stores, the second loads the stored graph without compiling,
+    replays CUDA graphs and gives the same numbers."""
+    runs = run_twice(uma_checkpoints["main"].path, tmp_path, task="omat")
+    assert runs[0]["stats"]["from_cache"] == 0 and runs[0]["stats"]["compilations"] == 1
+    assert runs[1]["stats"]["from_cache"] == 1 and runs[1]["stats"]["compilations"] == 0
+    assert runs[1]["stats"]["cuda_graphs"] >= 1
     _, eager = calculators
     expected = results(eager, copper((2, 2, 2), 9))
     for run in runs:

@@ -1,0 +1,43 @@
+"""One process of the CUDA disk-cache tests: the calculator of model file ``sys.argv[1]``
+(UMA task ``sys.argv[3]`` if given) on CUDA with the disk cache in ``sys.argv[2]``
+evaluates one rattled copper cell and prints results, stats and seconds as JSON."""
+
+import json
+import sys
+import time
+
+from ase.build import bulk
+
+from fastcalc.models import load_calculator
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    task = sys.argv[3] if len(sys.argv) > 3 else None
+    calc = load_calculator(sys.argv[1], task=task, device="cuda", cache_dir=sys.argv[2])
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.02, seed=9)
+    atoms.calc = calc
+    energy, forces, stress = atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()
+    print(json.dumps({
+        "energy": float(energy), "forces": forces.tolist(), "stress": stress.tolist(),
+        "stats": calc.compile_stats, "seconds": time.perf_counter() - start,
+    }))
+
+
+def run_twice(model: str, folder, task: str | None = None) -> list[dict]:
+    """Two fresh processes on ``model`` sharing only fastcalc's disk cache (under
+    ``folder``; torch's caches empty in each): their JSON reports."""
+    import os
+    import subprocess
+
+    runs = []
+    for run in range(2):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / f"inductor{run}"),
+               "TRITON_CACHE_DIR": str(folder / f"triton{run}")}
+        done = subprocess.run(
+            [sys.executable, __file__, str(model), str(folder / "cache"), *([task] if task else [])],
+            env=env, capture_output=True, text=True, timeout=900,
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
