@@ -15,6 +15,7 @@ containers and tensors.
 from __future__ import annotations
 
 import pickle
+import zipfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,9 +213,16 @@ def _strip_ema_prefix(ema: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(path: str | Path) -> UMACheckpoint:
-    """Read a UMA inference checkpoint; fairchem need not be installed."""
+    """Read a UMA inference checkpoint; fairchem need not be installed.
+
+    A zip-format file (what ``torch.save`` writes) is memory-mapped, so that only the
+    weights the core copies are read: a UMA-S checkpoint also holds non-EMA state, and
+    reading all 1.2 GB of it took seconds of every process's start."""
+    mmap = zipfile.is_zipfile(path)
     try:
-        raw = torch.load(path, map_location="cpu", pickle_module=_pickle_module, weights_only=False)
+        raw = torch.load(
+            path, map_location="cpu", pickle_module=_pickle_module, weights_only=False, mmap=mmap
+        )
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as err:
         raise NotUMACheckpointError(f"{path}: not a UMA inference checkpoint ({err})") from err
     if not (isinstance(raw, _Record) and type(raw).origin == ".".join(CHECKPOINT_CLASS)):
