@@ -350,7 +350,7 @@ class GraphRunner:
         self, graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], key: CacheKey | None
     ) -> Callable[..., tuple[torch.Tensor, ...]]:
         """``graph`` compiled with dynamic shapes; with a cache key, ahead of time and stored
-        (or, for a graph that cannot be stored, reported and compiled as usual)."""
+        (or, where that fails, reported in one warning and compiled as without a cache)."""
         if key is None:
             return CompiledGraph(graph)
         try:
@@ -358,8 +358,12 @@ class GraphRunner:
                 before = compiled_graphs()
                 loaded, saved = compile_ahead(graph, self.owner, inputs)
                 self._compilations += compiled_graphs() - before
-        except ValueError as error:
-            warnings.warn(f"fastcalc: the compiled model cannot be stored ({error})", stacklevel=4)
+        except Exception as error:  # torch's aot_compile is experimental: never fatal here
+            warnings.warn(
+                f"fastcalc: the model cannot be compiled ahead of time and stored ({error}); "
+                "compiling it for this process only",
+                stacklevel=4,
+            )
             return CompiledGraph(graph)
         self.cache.store(key, saved)
         return _LoadedOrCompiled(loaded, self.fn)

@@ -165,3 +165,18 @@ def test_a_graph_first_called_on_a_view_takes_copies_without_compiling_again(tmp
         {"energy": float(energy), "forces": forces, "stress": stress}, eager
     )
     assert runner.stats["compilations"] == 1
+
+
+def test_a_graph_that_cannot_be_compiled_ahead_is_reported_and_compiled_as_usual(
+    tmp_path, monkeypatch, eager
+):
+    def fails(*args):
+        raise RuntimeError("not serialisable")
+
+    monkeypatch.setattr("fastcalc.tracing.compile_ahead", fails)
+    key = CacheKey.create("morse-fails", torch.device("cpu"), torch.float64, "float32", "default")
+    runner = GraphRunner(morse_efs, "default", CompileCache(tmp_path), lambda: key)
+    with pytest.warns(UserWarning, match="cannot be compiled ahead of time and stored .not serialis"):
+        energy, forces, stress = runner(*graph_inputs(crystal((2, 2, 2))))
+    assert_equal_to_eager({"energy": float(energy), "forces": forces, "stress": stress}, eager)
+    assert runner.stats["compilations"] == 1 and not CompileCache(tmp_path).entries()
