@@ -333,7 +333,8 @@ class GraphRunner:
             run = self._compile(graph, owning, key)
         self._run = CapturedGraphs(run) if self.mode == "reduce-overhead" else run
         before = compiled_graphs()
-        with _elapsed("fastcalc: running the model the first time"):
+        compiles = isinstance(run, CompiledGraph)  # at its first call
+        with _elapsed(f"fastcalc: {'compiling' if compiles else 'running'} the model"):
             outputs = self._run(*inputs)
         self._compilations += compiled_graphs() - before
         _log.info(
