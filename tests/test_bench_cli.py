@@ -124,6 +124,14 @@ def test_an_unknown_contender_is_one_line_naming_the_choices(tmp_path, capsys):
     assert len(err.splitlines()) == 1
 
 
+def test_first_result_names_its_choices_for_an_unknown_contender(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "pet", "--workload", "first-result", "--small", "--device", "cpu",
+              "--out", str(tmp_path), "--contenders", "mace"])
+    assert exit_info.value.code == 2
+    assert "no contender mace here; choose from fastcalc, metatomic" in capsys.readouterr().err
+
+
 def small_bench(model: str, folder, capsys) -> tuple[list[dict], str]:
     """Run ``fastcalc bench MODEL --small --device cpu --out FOLDER``; check the records and
     the plot that every model's run writes and return the records and the printed text."""

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -138,6 +139,8 @@ class Contest:
     streamed: tuple[str, ...]
     batched: Callable[[], Evaluator]
 
+
+T = TypeVar("T")
 
 def _once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
     """A factory that builds its calculator at the first call and returns it from then on."""
@@ -291,8 +294,7 @@ class UnknownContenderError(ValueError):
     """A contender name that the model's contest does not have."""
 
 
-def chosen(factories: dict[str, Callable[[], Calculator]], names: Iterable[str] | None
-           ) -> dict[str, Callable[[], Calculator]]:
+def chosen(factories: dict[str, T], names: Iterable[str] | None) -> dict[str, T]:
     """The contenders ``names`` of ``factories`` (all of them for None), in their order."""
     if names is None:
         return factories
@@ -399,8 +401,7 @@ def run_first_result(
         with tempfile.TemporaryDirectory() as folder:
             contest = MODELS[name](Path(folder), device, small)
             natoms = 32 if small else FIRST_RESULT_ATOMS.get(name, 64)
-            impls = [impl for impl in ("fastcalc", contest.upstream)
-                     if contenders is None or impl in contenders]
+            impls = list(chosen(dict.fromkeys(("fastcalc", contest.upstream)), contenders))
             records += time_first_results(
                 name, contest.model, contest.path, impls, device, natoms, Path(folder),
             )
