@@ -265,7 +265,7 @@ def main() -> None:
     core.requires_grad_(False)
     inputs = copper_inputs(core, args.atoms)
     anchor_source_functions()
-    graph = trace(lambda *xs: core.energy_and_gradients(*xs), inputs, record_stack_traces=True)
+    graph = trace(core.energy_and_gradients, inputs, record_stack_traces=True)
     graph.graph.eliminate_dead_code()  # as the compiler does: results nothing reads
     print(
         f"UMA core ({len(core.blocks)} layers, {core.channels} channels, lmax {core.lmax}, "

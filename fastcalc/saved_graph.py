@@ -139,6 +139,10 @@ def compile_ahead(
     source = _source(graph_module)
     module = _module(source)
     holder = _holder(module, owner, attributes)
+    # compiled on tensors that own their memory: an input view would add guards on its
+    # base, which a copy (CUDA graphs' static inputs) fails, and a loaded graph cannot
+    # recompile
+    example_inputs = [x.clone() if x._base is not None else x for x in example_inputs]
     # what torch.compile(fullgraph=True, dynamic=True, options=...).aot_compile does in
     # torch 2.13, called directly: torch 2.11 has the function but not that method
     backend = torch._TorchCompileInductorWrapper("default", COMPILE_OPTIONS, True)

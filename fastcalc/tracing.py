@@ -65,7 +65,7 @@ def trace(
     """
     with fx_config.patch(use_duck_shape=False):
         graph_module = make_fx(
-            fn,
+            lambda *args: fn(*args),  # any callable: a function, bound method or object
             tracing_mode="symbolic",
             _allow_non_fake_inputs=True,
             record_stack_traces=record_stack_traces,
@@ -325,12 +325,9 @@ class GraphRunner:
             run = _LoadedOrCompiled(loaded, self.fn)
             traced = found
         else:
-            graph = trace(lambda *args: self.fn(*args), inputs)
+            graph = trace(self.fn, inputs)
             traced = time.perf_counter()
-            # compiled on tensors that own their memory, as CUDA graphs' static inputs do:
-            # an input view would add guards on its base, which copies fail
-            owning = [x.clone() if x._base is not None else x for x in inputs]
-            run = self._compile(graph, owning, key)
+            run = self._compile(graph, inputs, key)
         self._run = CapturedGraphs(run) if self.mode == "reduce-overhead" else run
         before = compiled_graphs()
         compiles = isinstance(run, CompiledGraph)  # at its first call

@@ -3,6 +3,8 @@
 evaluates one rattled copper cell and prints results, stats and seconds as JSON."""
 
 import json
+import os
+import subprocess
 import sys
 import time
 
@@ -27,9 +29,6 @@ if __name__ == "__main__":
 def run_twice(model: str, folder, task: str | None = None) -> list[dict]:
     """Two fresh processes on ``model`` sharing only fastcalc's disk cache (under
     ``folder``; torch's caches empty in each): their JSON reports."""
-    import os
-    import subprocess
-
     runs = []
     for run in range(2):
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / f"inductor{run}"),

@@ -46,7 +46,7 @@ if __name__ == "__main__":
     mode, folder, atoms = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     toy = Toy()
     if mode == "save":
-        graph = trace(lambda *args: toy.energy_and_forces(*args), inputs(5))
+        graph = trace(toy.energy_and_forces, inputs(5))
         run, saved = compile_ahead(graph, toy, inputs(5))
         (folder / "toy.pickle").write_bytes(pickle.dumps(saved))
     else:

@@ -65,7 +65,7 @@ def test_a_graph_reading_a_tensor_the_model_does_not_hold_is_refused():
 
 def test_inputs_the_graph_was_not_compiled_for_are_refused():
     toy = Toy()
-    graph = trace(lambda *args: toy.energy_and_forces(*args), inputs(5))
+    graph = trace(toy.energy_and_forces, inputs(5))
     run, _ = compile_ahead(graph, toy, inputs(5))
     positions, species = inputs(6)
     with pytest.raises(GuardsRefused):

@@ -93,6 +93,8 @@ __all__ = [
     "uma_contest",
 ]
 
+T = TypeVar("T")
+
 #: PET-S-shaped: 3 GNN layers of one attention layer, adaptive cutoffs of 16 neighbours.
 PET_S = dict(
     d_pet=256, d_node=512, d_head=256, d_feedforward=512, num_heads=8, num_gnn_layers=3,
@@ -139,8 +141,6 @@ class Contest:
     streamed: tuple[str, ...]
     batched: Callable[[], Evaluator]
 
-
-T = TypeVar("T")
 
 def _once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
     """A factory that builds its calculator at the first call and returns it from then on."""
