@@ -15,7 +15,13 @@ import pytest
 import torch
 from test_tracing import crystal, graph_inputs, morse_efs
 
-from fastcalc.compile_cache import CACHE_ENV, CacheKey, CompileCache, default_cache_dir
+from fastcalc.compile_cache import (
+    CACHE_ENV,
+    CacheKey,
+    CompileCache,
+    default_cache_dir,
+    tensors_digest,
+)
 from fastcalc.saved_graph import SavedGraph
 from fastcalc.tracing import GraphRunner
 
@@ -180,3 +186,23 @@ def test_a_graph_that_cannot_be_compiled_ahead_is_reported_and_compiled_as_usual
         energy, forces, stress = runner(*graph_inputs(crystal((2, 2, 2))))
     assert_equal_to_eager({"energy": float(energy), "forces": forces, "stress": stress}, eager)
     assert runner.stats["compilations"] == 1 and not CompileCache(tmp_path).entries()
+
+
+def test_the_model_digest_names_content_not_storage():
+    """Equal names, values and hyper-parameters give one digest however the tensors lie
+    in memory; one changed value (by one ulp), name, dtype or hyper-parameter gives another."""
+    torch.manual_seed(0)
+    weights = {"a": torch.randn(4, 3, dtype=torch.float64), "b": torch.randn(5)}
+    digest = tensors_digest(weights, {"layers": 2})
+    relaid = {"a": weights["a"].t().contiguous().t(), "b": weights["b"].clone()}
+    assert not relaid["a"].is_contiguous()
+    assert tensors_digest(relaid, {"layers": 2}) == digest
+    nudged = weights["b"].clone()
+    nudged[3] = torch.nextafter(nudged[3], torch.tensor(np.inf))
+    others = [
+        ({**weights, "b": nudged}, {"layers": 2}),
+        ({"c": weights["a"], "b": weights["b"]}, {"layers": 2}),
+        ({**weights, "a": weights["a"].float()}, {"layers": 2}),
+        (weights, {"layers": 3}),
+    ]
+    assert all(tensors_digest(tensors, extra) != digest for tensors, extra in others)
