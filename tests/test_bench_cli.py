@@ -267,4 +267,9 @@ def test_first_result_runs_fresh_processes_with_caches_cold_and_warm(tmp_path, c
     for row in rows:
         assert (row["model"], row["natoms"], row["gpu"]) == ("pet-tiny-random", 32, "cpu")
         assert 0 < row["first_result_s"] < 600
-    assert "| model | atoms | impl | compile caches | first result s |" in capsys.readouterr().out
+        phases = row["import_s"] + row["build_s"] + row["call_s"]
+        assert min(row["import_s"], row["build_s"], row["call_s"]) > 0
+        assert row["first_result_s"] == pytest.approx(phases)
+    assert "| compile caches | first result s | imports s | build s | first call s |" in (
+        capsys.readouterr().out
+    )

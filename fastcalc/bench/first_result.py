@@ -8,6 +8,13 @@ cache as the cold run left it but torch's own caches empty again, as on another 
 of a job array that shares the home folder. The upstream calculator runs ``cold`` and
 then ``warm`` with torch's caches as its cold run left them (metatomic compiles
 nothing; fairchem's preset compiles).
+
+Each record splits the time into ``import_s`` (from the process's start to its imports
+done), ``build_s`` (the calculator) and ``call_s`` (the first energy, forces and stress).
+All processes share one Python bytecode cache (``PYTHONPYCACHEPREFIX``), filled by an
+untimed process that imports what they import, as ``pip install`` leaves bytecode behind:
+without it, an image that sets ``PYTHONDONTWRITEBYTECODE`` (the H200 image does) or a
+read-only environment compiles torch's sources again in every process, about 9 s.
 """
 
 from __future__ import annotations
@@ -38,21 +45,45 @@ class FirstResultRecord:
     cache: str  # "cold" or "warm" (see the module docstring)
     natoms: int
     first_result_s: float
+    import_s: float
+    build_s: float
+    call_s: float
+
+
+#: Modules the first call imports when it loads or compiles a model (beyond the worker's).
+_LAZY_IMPORTS = (
+    "torch._dynamo.aot_compile", "torch._inductor.compile_fx", "torch._inductor.select_algorithm",
+    "torch._inductor.codegen.memory_planning", "torch._functorch._aot_autograd.autograd_cache",
+)
 
 
 def _environment(folder: Path, torch_caches: str, fastcalc_cache: str) -> dict[str, str]:
-    """The process environment with its compile cache folders under ``folder``."""
+    """The process environment with its compile cache folders under ``folder`` and the
+    shared bytecode cache (see the module docstring)."""
+    environment = {key: value for key, value in os.environ.items()
+                   if key != "PYTHONDONTWRITEBYTECODE"}
     return {
-        **os.environ,
+        **environment,
+        "PYTHONPYCACHEPREFIX": str(folder / "bytecode"),
         "FASTCALC_CACHE_DIR": str(folder / fastcalc_cache),
         "TORCHINDUCTOR_CACHE_DIR": str(folder / torch_caches / "inductor"),
         "TRITON_CACHE_DIR": str(folder / torch_caches / "triton"),
     }
 
 
-def _one_process(args: list[str], env: dict[str, str]) -> float:
+def _fill_bytecode_cache(env: dict[str, str], upstream: list[str]) -> None:
+    """Import, untimed, what the timed processes import (``upstream``: the packages of the
+    upstream calculators timed), so that their bytecode is cached (module docstring)."""
+    modules = ["fastcalc.models", "fastcalc.bench.first_result", *_LAZY_IMPORTS, *upstream]
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
+    subprocess.run([sys.executable, "-c", code, *modules], env=env, check=True,
+                   capture_output=True)
+
+
+def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
     """Seconds from starting ``python -m fastcalc.bench.first_result ARGS`` to the moment
-    it reports its first result; prints what fastcalc logged of its first call."""
+    it reports its first result (``first_result_s``) and its phases (``import_s``,
+    ``build_s``, ``call_s``); prints what fastcalc logged of its first call."""
     start = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "fastcalc.bench.first_result", *args],
@@ -63,7 +94,13 @@ def _one_process(args: list[str], env: dict[str, str]) -> float:
     for line in done.stderr.splitlines():
         if line.startswith("fastcalc: first compiled call"):
             print(f"{args[0]} {args[1]}: {line}", flush=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])["done_at"] - start
+    times = json.loads(done.stdout.strip().splitlines()[-1])
+    return {
+        "first_result_s": times["done_at"] - start,
+        "import_s": times["imported_at"] - start,
+        "build_s": times["built_at"] - times["imported_at"],
+        "call_s": times["done_at"] - times["built_at"],
+    }
 
 
 def time_first_results(
@@ -83,11 +120,13 @@ def time_first_results(
         else:  # warm: torch's caches as the cold run left them
             environments = [_environment(folder, "torch-3", "unused")] * 2
         runs += [(impl, "cold", environments[0]), (impl, "warm", environments[1])]
+    packages = {"metatomic": ["metatomic.torch"], "fairchem": ["fairchem.core"]}
+    _fill_bytecode_cache(runs[0][2], [p for impl in impls for p in packages.get(impl, [])])
     return [
         FirstResultRecord(
             date=today(), gpu=device_name(), torch=torch.__version__, model=model, impl=impl,
             cache=cache, natoms=natoms,
-            first_result_s=_one_process([family, impl, str(path), device, str(natoms)], env),
+            **_one_process([family, impl, str(path), device, str(natoms)], env),
         )
         for impl, cache, env in runs
     ]
@@ -103,18 +142,26 @@ def _first_result(family: str, impl: str, path: str, device: str, natoms: int) -
     if impl == "fastcalc":
         from ..models import load_calculator
 
+        imported_at = time.time()
         calculator = load_calculator(path, task="omat" if family == "uma" else None,
                                      device=device)
     elif impl == "metatomic":
+        import metatomic.torch  # noqa: F401  (the upstream's imports, timed as imports)
+
+        imported_at = time.time()
         calculator = metatomic_calculator(Path(path), device)
     else:
+        import fairchem.core  # noqa: F401
+
+        imported_at = time.time()
         calculator = fairchem_preset_calculator(Path(path), "omat", device)
+    built_at = time.time()
     atoms = copper(natoms)
     atoms.calc = calculator
     atoms.get_potential_energy()
     atoms.get_forces()
     atoms.get_stress()
-    print(json.dumps({"done_at": time.time()}))
+    print(json.dumps({"imported_at": imported_at, "built_at": built_at, "done_at": time.time()}))
 
 
 if __name__ == "__main__":
