@@ -29,6 +29,8 @@ import torch
 import torch.fx
 import torch.fx.experimental._config as fx_config
 from torch import nn
+from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
+from torch._dynamo.hooks import Hooks
 
 __all__ = ["GuardsRefused", "LoadedGraph", "SavedGraph", "compile_ahead", "tensor_paths"]
 
@@ -96,8 +98,6 @@ class LoadedGraph:
     @classmethod
     def load(cls, saved: SavedGraph, owner: nn.Module | None) -> LoadedGraph:
         """``saved`` bound to the tensors of ``owner`` at its attribute paths."""
-        from torch._dynamo.aot_compile import AOTCompiledFunction  # dynamo: only when used
-
         module = _module(saved.source)
         compiled = AOTCompiledFunction.deserialize(
             saved.compiled, module.__dict__
@@ -128,9 +128,6 @@ def compile_ahead(
 ) -> tuple[LoadedGraph, SavedGraph]:
     """``graph_module`` compiled ahead of time with dynamic shapes, ready to call, and
     saved; every tensor it reads must belong to ``owner`` (else ``ValueError``)."""
-    from torch._dynamo.aot_compile import aot_compile_fullgraph  # dynamo: only when used
-    from torch._dynamo.hooks import Hooks
-
     paths = tensor_paths(owner) if owner is not None else {}
     attributes: dict[str, str] = {}
     for node in graph_module.graph.nodes:
