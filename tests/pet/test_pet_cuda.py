@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 from ase import Atoms
-from ase.build import bulk
 from ase.stress import voigt_6_to_full_3x3_stress
 from torch._dynamo.utils import counters
 
-from cache_worker import run_twice
+from cache_worker import cached_cell, run_twice
 
 from fastcalc.pet import CompiledPETCalculator
 
@@ -187,9 +186,8 @@ def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(tmp_path)
     assert runs[0]["stats"]["from_cache"] == 0 and runs[0]["stats"]["compilations"] == 1
     assert runs[1]["stats"]["from_cache"] == 1 and runs[1]["stats"]["compilations"] == 0
     assert runs[1]["stats"]["cuda_graphs"] >= 1
-    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
-    atoms.rattle(0.02, seed=9)
-    expected = results(CompiledPETCalculator("pet-demo-cu", device="cuda", compile_mode="eager"), atoms)
+    eager = CompiledPETCalculator("pet-demo-cu", device="cuda", compile_mode="eager")
+    expected = results(eager, cached_cell())
     for run in runs:
         assert relative_error(run["energy"], expected["energy"]) < FLOAT32_RTOL
         assert relative_error(run["forces"], expected["forces"]) < FLOAT32_RTOL

@@ -9,7 +9,7 @@ import pytest
 import torch
 from ase.build import bulk
 
-from cache_worker import run_twice
+from cache_worker import cached_cell, run_twice
 
 from fastcalc.uma import BucketedCalculator
 
@@ -200,6 +200,6 @@ def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(uma_check
     assert runs[1]["stats"]["from_cache"] == 1 and runs[1]["stats"]["compilations"] == 0
     assert runs[1]["stats"]["cuda_graphs"] >= 1
     _, eager = calculators
-    expected = results(eager, copper((2, 2, 2), 9))
+    expected = results(eager, cached_cell())
     for run in runs:
         assert_close((run["energy"], np.array(run["forces"]), np.array(run["stress"])), expected)
