@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from ase.calculators.calculator import all_changes
 from ase.calculators.morse import MorsePotential
 from pair_potential import CUTOFF, ase_morse, morse_energy
@@ -25,6 +26,7 @@ from fastcalc.bench.throughput import (
     one_at_a_time,
     plot_throughput,
     throughput_sets,
+    throughput_table,
     time_throughput,
 )
 from fastcalc.calculator import InvalidAtomsError
@@ -32,7 +34,7 @@ from fastcalc.bench.upstream import PET_ELEMENTS
 
 THROUGHPUT_KEYS = {"date", "gpu", "torch", "model", "impl", "structure_set", "structures",
                    "atoms", "structures_per_s", "pass_s", "first_pass_s", "recompiles",
-                   "energy_err_ev", "force_err_ev_a", "force_rel_err"}
+                   "energy_err_ev", "force_err_ev_a", "force_rel_err", "error"}
 RECORD_KEYS = {"date", "gpu", "torch", "model", "natoms", "impl", "median_ms", "p90_ms",
                "force_rel_err", "warmup_s", "peak_mem_gib", "recompiles"}
 
@@ -203,6 +205,39 @@ def test_throughput_times_each_evaluator_over_the_set_beside_its_error(tmp_path)
     assert set(rows[0]) == THROUGHPUT_KEYS
     plot_throughput(records, tmp_path / "throughput.png")
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_implementation_out_of_gpu_memory_is_recorded_as_failed_and_the_rest_timed(tmp_path):
+    """Two contenders may not fit on one GPU together: the one that runs out of memory, in
+    its first pass or a later one, gets a record naming the error, the others are timed."""
+    structures = next(iter(throughput_sets(small=True).values()))
+    calls = {"first": 0, "later": 0}
+
+    def out_of_memory_at(call: int, name: str):
+        def evaluate(batch):
+            calls[name] += 1
+            if calls[name] == call:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.46 GiB.\nmore")
+            return one_at_a_time(ase_morse())(batch)
+        return evaluate
+
+    evaluators = {
+        "first": lambda: out_of_memory_at(1, "first"),
+        "later": lambda: out_of_memory_at(3, "later"),
+        "ase": lambda: one_at_a_time(ase_morse()),
+    }
+    records = time_throughput(evaluators, structures, "morse", "small", passes=3,
+                              reference=lambda: one_at_a_time(ase_morse()))
+    by_impl = {r.impl: r for r in records}
+    for name in ("first", "later"):
+        failed = by_impl[name]
+        assert failed.error == "CUDA out of memory. Tried to allocate 1.46 GiB."
+        assert failed.pass_s == [] and np.isnan(failed.structures_per_s)
+        assert np.isnan(failed.force_rel_err)
+    assert calls == {"first": 1, "later": 3}  # nothing called after its failure
+    assert not by_impl["ase"].error and len(by_impl["ase"].pass_s) == 3
+    assert "| first | failed: CUDA out of memory" in throughput_table(records)
+    plot_throughput(records, tmp_path / "throughput.png")
 
 
 def test_upstream_batches_are_cut_at_max_atoms_in_order():

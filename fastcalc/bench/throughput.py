@@ -16,6 +16,7 @@ several shapes, slabs with vacuum, a two-element cell), which does not.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ class ThroughputRecord:
     the timed passes. ``energy_err_ev`` (largest |E - E_ref| of a structure),
     ``force_err_ev_a`` (largest |F - F_ref| component) and ``force_rel_err`` (that over
     the largest reference force) compare the first timed pass with the reference.
+    An implementation that ran out of GPU memory has ``error`` (the message's first line),
+    no passes, and NaN rate and errors.
     """
 
     date: str
@@ -81,6 +84,7 @@ class ThroughputRecord:
     energy_err_ev: float
     force_err_ev_a: float
     force_rel_err: float
+    error: str = ""
 
 
 def throughput_sets(small: bool = False) -> dict[str, list[Atoms]]:
@@ -187,18 +191,37 @@ def time_throughput(
         torch.cuda.empty_cache()
     built: dict[str, Evaluator] = {}
     first_pass: dict[str, float] = {}
+    failed: dict[str, str] = {}
+
+    def out_of_memory(name: str, error: torch.OutOfMemoryError) -> None:
+        """Drop implementation ``name``, which ran out of GPU memory, and go on."""
+        failed[name] = str(error).splitlines()[0]
+        built.pop(name, None)
+        torch.cuda.empty_cache()
+        print(f"{model}, {structure_set}: {name} ran out of GPU memory; recorded as failed "
+              f"({failed[name]})", flush=True)
+
     for name, factory in evaluators.items():
         start = time.perf_counter()
-        built[name] = factory()
-        _timed(built[name], structures)
+        try:
+            built[name] = factory()
+            _timed(built[name], structures)
+        except torch.OutOfMemoryError as error:
+            out_of_memory(name, error)
         first_pass[name] = time.perf_counter() - start
     times: dict[str, list[float]] = {name: [] for name in evaluators}
-    errors: dict[str, tuple[float, float, float]] = {}
+    nan = (math.nan, math.nan, math.nan)
+    errors: dict[str, tuple[float, float, float]] = dict.fromkeys(failed, nan)
     recompiles = dict.fromkeys(evaluators, 0)
     for _ in progress(range(passes)):
-        for name, evaluate in built.items():
+        for name, evaluate in list(built.items()):
             graphs = compiled_graphs()
-            seconds, results = _timed(evaluate, structures)
+            try:
+                seconds, results = _timed(evaluate, structures)
+            except torch.OutOfMemoryError as error:
+                out_of_memory(name, error)
+                times[name], errors[name] = [], nan
+                continue
             recompiles[name] += compiled_graphs() - graphs
             times[name].append(seconds)
             errors.setdefault(name, _errors(results, exact))
@@ -212,13 +235,16 @@ def time_throughput(
             structure_set=structure_set,
             structures=len(structures),
             atoms=sum(len(atoms) for atoms in structures),
-            structures_per_s=len(structures) / float(np.median(times[name])),
+            structures_per_s=(
+                len(structures) / float(np.median(times[name])) if times[name] else math.nan
+            ),
             pass_s=times[name],
             first_pass_s=first_pass[name],
             recompiles=recompiles[name],
             energy_err_ev=errors[name][0],
             force_err_ev_a=errors[name][1],
             force_rel_err=errors[name][2],
+            error=failed.get(name, ""),
         )
         for name in evaluators
     ]
@@ -235,6 +261,8 @@ def throughput_table(records: Iterable[ThroughputRecord]) -> str:
         f"| {r.model} | {r.structure_set} | {r.impl} | {r.structures_per_s:.1f} "
         f"| {r.first_pass_s:.1f} | {r.energy_err_ev:.1e} | {r.force_err_ev_a:.1e} "
         f"| {r.force_rel_err:.1e} | {r.recompiles} |"
+        if not r.error
+        else f"| {r.model} | {r.structure_set} | {r.impl} | failed: {r.error} | | | | | |"
         for r in records
     ]
     return "\n".join(rows)
@@ -252,13 +280,14 @@ def plot_throughput(records: Iterable[ThroughputRecord], path: str | Path) -> No
     sets = list(dict.fromkeys(r.structure_set for r in records))
     fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4), squeeze=False)
     for ax, name in zip(axes[0], sets):
-        rows = [r for r in records if r.structure_set == name][::-1]  # first at the top
+        # the first at the top; those that failed have no rate to draw
+        rows = [r for r in records if r.structure_set == name and not r.error][::-1]
         bars = ax.barh([f"{r.model}: {r.impl}" for r in rows],
                        [r.structures_per_s for r in rows])
         ax.bar_label(bars, [f" {r.structures_per_s:.1f}/s, F err {r.force_rel_err:.0e}"
                             for r in rows], fontsize=8)
         ax.set(xlabel="structures per second (E+F+S)", title=name,
-               xlim=(0, 1.6 * max(r.structures_per_s for r in rows)))
+               xlim=(0, 1.6 * max((r.structures_per_s for r in rows), default=1.0)))
     fig.suptitle(f"throughput on {records[0].gpu if records else ''}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
