@@ -196,8 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=_at_least(0), metavar="N",
                        help="warm-up calls per size before timing (default: 3)")
     bench.add_argument("--contenders", nargs="+", metavar="NAME",
-                       help="sizes and first-result: time only these calculators of the "
-                            "contest, e.g. fairchem fastcalc (default: all)")
+                       help="sizes, first-result and throughput: time only these "
+                            "implementations of the contest, e.g. fairchem fastcalc, or "
+                            "fairchem-batched (default: all)")
     bench.add_argument("--out", type=Path, metavar="FOLDER",
                        help="where the records (pet.json, uma.json, stream.json, ...) and their "
                             "plots go (default: a new folder ./fastcalc-bench-DATE-TIME)")
@@ -371,7 +372,8 @@ def _bench(args: argparse.Namespace) -> None:
         return
     if args.workload == "throughput":
         passes = args.calls if args.calls is not None else (1 if args.small else 3)
-        run_throughput(names, device=device, passes=passes, out=out, small=args.small)
+        run_throughput(names, device=device, passes=passes, out=out, small=args.small,
+                       contenders=args.contenders)
         return
     if args.workload == "stream":
         calls = args.calls if args.calls is not None else (2 if args.small else 10)

@@ -26,7 +26,7 @@ RECORD_KEYS = {"date", "gpu", "torch", "model", "natoms", "impl", "median_ms", "
                "force_rel_err", "warmup_s", "peak_mem_gib", "recompiles"}
 THROUGHPUT_KEYS = {"date", "gpu", "torch", "model", "impl", "structure_set", "structures",
                    "atoms", "structures_per_s", "pass_s", "first_pass_s", "recompiles",
-                   "energy_err_ev", "force_err_ev_a", "force_rel_err"}
+                   "energy_err_ev", "force_err_ev_a", "force_rel_err", "error"}
 STREAM_KEYS = {"date", "gpu", "torch", "model", "impl", "structures", "calls", "total_s",
                "first_result_s", "call_s"}
 NEW = Path("fastcalc-bench-new")
@@ -88,12 +88,15 @@ def test_the_stream_workload_runs_10_calls_per_structure_or_2_when_small(runs):
 def test_the_throughput_workload_runs_3_passes_per_set_or_1_when_small(runs):
     main(["bench", "--workload", "throughput", "--device", "cpu", "--out", "here"])
     main(["bench", "uma", "--workload", "throughput", "--small", "--device", "cpu"])
-    main(["bench", "pet", "--workload", "throughput", "--calls", "5", "--device", "cpu"])
+    main(["bench", "pet", "--workload", "throughput", "--calls", "5", "--device", "cpu",
+          "--contenders", "metatomic-batched"])
     assert runs == [
         ("throughput", ["pet", "uma"], dict(device="cpu", passes=3, out=Path("here"),
-                                            small=False)),
-        ("throughput", ["uma"], dict(device="cpu", passes=1, out=NEW, small=True)),
-        ("throughput", ["pet"], dict(device="cpu", passes=5, out=NEW, small=False)),
+                                            small=False, contenders=None)),
+        ("throughput", ["uma"], dict(device="cpu", passes=1, out=NEW, small=True,
+                                     contenders=None)),
+        ("throughput", ["pet"], dict(device="cpu", passes=5, out=NEW, small=False,
+                                     contenders=["metatomic-batched"])),
     ]
 
 
@@ -122,6 +125,21 @@ def test_an_unknown_contender_is_one_line_naming_the_choices(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "no contender mace here; choose from fairchem, fairchem-general" in err
     assert len(err.splitlines()) == 1
+
+
+def test_throughput_of_one_contender_times_it_alone(tmp_path, capsys):
+    """One implementation per process: each may have the GPU's memory to itself."""
+    main(["bench", "pet", "--workload", "throughput", "--small", "--device", "cpu",
+          "--out", str(tmp_path), "--contenders", "metatomic-batched"])
+    rows = json.loads((tmp_path / "throughput.json").read_text())
+    assert [row["impl"] for row in rows] == ["metatomic-batched"] * 2
+    assert all(row["structures_per_s"] > 0 and row["force_rel_err"] < 1e-4 for row in rows)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "pet", "--workload", "throughput", "--small", "--device", "cpu",
+              "--out", str(tmp_path), "--contenders", "fairchem-batched"])
+    assert exit_info.value.code == 2
+    assert ("no contender fairchem-batched here; choose from fastcalc, fastcalc-many, "
+            "metatomic-batched") in capsys.readouterr().err
 
 
 def test_first_result_names_its_choices_for_an_unknown_contender(tmp_path, capsys):

@@ -419,7 +419,13 @@ def run_first_result(
 
 
 def run_throughput(
-    names: list[str], *, device: str, passes: int, out: Path, small: bool = False
+    names: list[str],
+    *,
+    device: str,
+    passes: int,
+    out: Path,
+    small: bool = False,
+    contenders: list[str] | None = None,
 ) -> list[ThroughputRecord]:
     """The ``throughput`` workload for models ``names`` (keys of ``MODELS``): write
     ``{out}/throughput.json`` (rewritten after each set) and ``throughput.png``.
@@ -429,6 +435,8 @@ def run_throughput(
     both sets, as in one script; the upstream's batched path (``{upstream}-batched``, in
     runs of at most ``MAX_ATOMS`` atoms, as ``evaluate_many`` batches) is built afresh
     for each set, since fairchem's fallback from its fast path is for good.
+    ``contenders`` times only those of the three (default: all), so that each can have
+    the GPU's memory to itself in a process of its own.
     """
     _torch_settings()
     out.mkdir(parents=True, exist_ok=True)
@@ -442,11 +450,11 @@ def run_throughput(
             print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32, "
                   f"{len(first)} atoms), relative differences {agreement}", flush=True)
             fastcalc = contest.contenders()["fastcalc"]
-            evaluators = {
+            evaluators = chosen({
                 "fastcalc": lambda: one_at_a_time(fastcalc()),
                 "fastcalc-many": lambda: many_at_once(fastcalc()),
                 f"{contest.upstream}-batched": lambda: in_chunks(contest.batched()),
-            }
+            }, contenders)
             for structure_set, structures in sets.items():
                 records += time_throughput(
                     evaluators, structures, contest.model, structure_set,
