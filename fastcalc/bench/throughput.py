@@ -210,8 +210,7 @@ def time_throughput(
             out_of_memory(name, error)
         first_pass[name] = time.perf_counter() - start
     times: dict[str, list[float]] = {name: [] for name in evaluators}
-    nan = (math.nan, math.nan, math.nan)
-    errors: dict[str, tuple[float, float, float]] = dict.fromkeys(failed, nan)
+    errors: dict[str, tuple[float, float, float]] = {}
     recompiles = dict.fromkeys(evaluators, 0)
     for _ in progress(range(passes)):
         for name, evaluate in list(built.items()):
@@ -220,11 +219,12 @@ def time_throughput(
                 seconds, results = _timed(evaluate, structures)
             except torch.OutOfMemoryError as error:
                 out_of_memory(name, error)
-                times[name], errors[name] = [], nan
                 continue
             recompiles[name] += compiled_graphs() - graphs
             times[name].append(seconds)
             errors.setdefault(name, _errors(results, exact))
+    for name in failed:  # a failed implementation's passes and errors do not count
+        times[name], errors[name] = [], (math.nan, math.nan, math.nan)
     return [
         ThroughputRecord(
             date=today(),
