@@ -35,6 +35,7 @@ from torch import nn
 
 from ..geometry import batch_energies_forces_stress, edge_vectors, energy_forces_stress
 from .checkpoint import TaskSpec, UMACheckpoint
+from .edge_ops import edge_pairs, edge_rotations, edge_to_nodes, rotation_index
 from .experts import ExpertRouter, SystemEmbedding
 from .layers import (
     Gate,
@@ -50,7 +51,6 @@ from .so3 import (
     coefficient_degrees,
     edge_frame_rotation,
     m_major_order,
-    rotate,
     rotate_back_m0,
 )
 
@@ -86,45 +86,40 @@ def check_supported(backbone: dict) -> None:
 
 
 class EdgeFrames:
-    """Per-edge rotations into the edge frame and back, and the edge-frame layout.
+    """Per-edge rotations into the edge frame and back, and the envelope.
 
-    Built from the Wigner-D blocks of each edge's rotation (see
-    :meth:`WignerFromSamples.blocks`) and the envelope (E, 1, 1), which is
-    folded into the blocks of the way back: scaling those small blocks, rather
-    than the rotated messages, keeps the messages out of what the backward pass
-    must hold. Edge-frame features are in the m-major order of
-    :func:`m_major_order` (``m_major`` indexes degree-major rows, ``degree_major``
-    indexes m-major rows, where index ``len(m_major)`` stands for a zero row:
-    components with ``|m| > mmax``).
+    ``rotation`` (E, M, K) is each edge's Wigner-D matrix with its rows in the
+    edge-frame (m-major) order of :func:`m_major_order` (see
+    :func:`fastcalc.uma.edge_ops.edge_rotations`); the envelope (E,) scales the messages
+    on their way back to the atoms. The edge work itself runs in the operators of
+    :mod:`fastcalc.uma.edge_ops`, which keep no edge-sized features for the backward
+    pass but the messages.
     """
 
-    def __init__(
-        self,
-        blocks: list[torch.Tensor],
-        envelope: torch.Tensor,
-        m_major: torch.Tensor,
-        degree_major: torch.Tensor,
-    ) -> None:
-        self.forward_blocks = [None, *blocks[1:]]
-        self.back_blocks = [envelope, *(block.transpose(1, 2) * envelope for block in blocks[1:])]
-        self.m_major = m_major
-        self.degree_major = degree_major
+    def __init__(self, blocks: list[torch.Tensor], envelope: torch.Tensor, index: torch.Tensor) -> None:
+        self.rotation = edge_rotations(blocks, index)
+        self.envelope = envelope
+        scale = envelope.view(-1, 1, 1)
+        self.back_blocks = [scale, *(block.transpose(1, 2) * scale for block in blocks[1:])]
 
     def messages(
-        self, x: torch.Tensor, neighbour: torch.Tensor, centre: torch.Tensor
+        self,
+        x: torch.Tensor,
+        neighbour: torch.Tensor,
+        centre: torch.Tensor,
+        radial: torch.Tensor,
+        rows: torch.Tensor,
     ) -> torch.Tensor:
-        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``."""
-        pairs = torch.cat(
-            (rotate(self.forward_blocks, x[neighbour]), rotate(self.forward_blocks, x[centre])),
-            dim=2,
-        )
-        return pairs.index_select(1, self.m_major)
+        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``,
+        each component ``i`` times row ``rows[i]`` of ``radial`` (E, R * 2C)."""
+        return edge_pairs(x, self.rotation, radial, neighbour, centre, rows)
 
-    def to_nodes(self, messages: torch.Tensor) -> torch.Tensor:
-        """Edge-frame messages (E, M, C) back in the node frame, times the envelope."""
-        if messages.shape[1] < self.degree_major.shape[0]:
-            messages = torch.cat((messages, messages.new_zeros(messages[:, :1].shape)), dim=1)
-        return rotate(self.back_blocks, messages.index_select(1, self.degree_major))
+    def add_to_nodes(
+        self, x: torch.Tensor, centre: torch.Tensor, messages: torch.Tensor
+    ) -> torch.Tensor:
+        """``x`` plus the edge-frame ``messages`` (E, M, C) rotated back to the node frame,
+        times the envelope, summed at each edge's centre atom."""
+        return edge_to_nodes(x, messages, self.rotation, self.envelope, centre)
 
     def m0_to_nodes(self, m0: torch.Tensor) -> torch.Tensor:
         """Messages with only ``m = 0`` components (E, lmax+1, C), back in the node frame,
@@ -146,6 +141,7 @@ class _Block(nn.Module):
         )
         degrees = coefficient_degrees(lmax)
         self.gate = Gate([degrees[k] for k in m_major_order(lmax, mmax)], hidden)
+        self.register_buffer("rows", torch.tensor(self.conv_1.radial_rows()), persistent=False)
         self.conv_2 = SO2Convolution(weights, f"{edge}so2_conv_2.", lmax, mmax, channels)
         self.norm_2 = RMSNormSH(weights, f"{prefix}norm_2.", lmax)
         self.feed_forward = SpectralFeedForward(weights, f"{prefix}atom_wise.", lmax, hidden)
@@ -164,9 +160,9 @@ class _Block(nn.Module):
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        messages, gates = self.conv_1(frames.messages(x, neighbour, centre), radial)
+        messages, gates = self.conv_1(frames.messages(x, neighbour, centre, radial, self.rows))
         messages, _ = self.conv_2(self.gate(gates, messages))
-        x = residual.index_add(0, centre, frames.to_nodes(messages))
+        x = frames.add_to_nodes(residual, centre, messages)
         return x + self.feed_forward(self.norm_2(x))
 
 
@@ -213,11 +209,11 @@ class UMACore(nn.Module):
             else None
         )
         self.wigner = WignerFromSamples(self.lmax)
-        order = m_major_order(self.lmax, self.mmax)
-        size = (self.lmax + 1) ** 2
-        inverse = [order.index(k) if k in order else len(order) for k in range(size)]
-        self.register_buffer("m_major", torch.tensor(order), persistent=False)
-        self.register_buffer("degree_major", torch.tensor(inverse), persistent=False)
+        self.register_buffer(
+            "rotation_index",
+            rotation_index(self.lmax, m_major_order(self.lmax, self.mmax)),
+            persistent=False,
+        )
         self.register_buffer("system", torch.zeros(self.channels, dtype=torch.float64))
         self._build_head(checkpoint)
         self.to(dtype)
@@ -333,9 +329,8 @@ class UMACore(nn.Module):
         lengths = torch.linalg.vector_norm(vectors, dim=-1)
         frames = EdgeFrames(
             blocks=self.wigner.blocks(edge_frame_rotation(vectors / lengths.unsqueeze(-1))),
-            envelope=self._envelope(lengths).view(-1, 1, 1),
-            m_major=self.m_major,
-            degree_major=self.degree_major,
+            envelope=self._envelope(lengths),
+            index=self.rotation_index,
         )
 
         edge_degree, *radial = self.radial(lengths, numbers[neighbour], numbers[centre])

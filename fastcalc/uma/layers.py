@@ -184,8 +184,8 @@ class SO2Convolution(nn.Module):
 
     ``m = 0``: a real linear map of all ``l`` components (optionally producing
     ``extra`` leading gate channels).  ``m > 0``: a complex linear map of the
-    ``(+m, -m)`` pair.  Given radial scales (the output of a radial network), the
-    inputs of each block are first scaled element-wise by their slice of them.
+    ``(+m, -m)`` pair. The first convolution of a layer takes inputs already scaled
+    by its radial network (:meth:`radial_rows` gives the layout of those scales).
     """
 
     def __init__(
@@ -206,34 +206,31 @@ class SO2Convolution(nn.Module):
             mixed_linear(weights, f"{prefix}so2_m_conv.{m - 1}.fc.", complex_pair=True)
             for m in range(1, mmax + 1)
         )
-        self.radial_sizes = [self.m0.weight.shape[1]]
-        self.radial_sizes += [layer.weight.shape[1] // 2 for layer in self.orders]
 
     def mixed_layers(self) -> list[MixedLinear]:
         """Its linear maps (m = 0, then each m > 0): the ones whose experts get merged."""
         return [self.m0, *self.orders]
 
-    def forward(
-        self, x: torch.Tensor, radial: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` (E, M, C_in), scaled by ``radial`` (E, sum(radial_sizes)) if given,
-        -> (output (E, M, C_out), gate channels (E, extra))."""
+    def radial_rows(self) -> list[int]:
+        """For each edge-frame component of its input, the row of its radial scales,
+        viewed as (E, rows, C_in): one row per degree of m = 0, then for each m > 0 one
+        per degree, shared by the +m and -m components."""
+        rows = list(range(self.block_sizes[0]))
+        for size in self.block_sizes[1:]:
+            degrees = range(rows[-1] + 1, rows[-1] + 1 + size // 2)
+            rows += [*degrees, *degrees]
+        return rows
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (E, M, C_in) -> (output (E, M, C_out), gate channels (E, extra))."""
         blocks = x.split(self.block_sizes, dim=1)
-        scales = (
-            radial.split(self.radial_sizes, dim=1)
-            if radial is not None
-            else [None] * len(self.block_sizes)
+        gates, m0 = self.m0(blocks[0].flatten(1)).split(
+            (self.extra, self.m0.weight.shape[0] - self.extra), dim=1
         )
-        flat = blocks[0].flatten(1)
-        if scales[0] is not None:
-            flat = flat * scales[0]
-        gates, m0 = self.m0(flat).split((self.extra, self.m0.weight.shape[0] - self.extra), dim=1)
         out = [m0.unflatten(1, (-1, self.out_channels))]
-        for block, scale, layer in zip(blocks[1:], scales[1:], self.orders):
-            pair = block.unflatten(1, (2, -1)).flatten(2)
-            if scale is not None:
-                pair = pair * scale.unsqueeze(1)
-            out.append(layer(pair.flatten(1)).unflatten(1, (-1, self.out_channels)))
+        for block, layer in zip(blocks[1:], self.orders):
+            pair = block.unflatten(1, (2, -1)).flatten(2).flatten(1)
+            out.append(layer(pair).unflatten(1, (-1, self.out_channels)))
         return torch.cat(out, dim=1), gates
 
 

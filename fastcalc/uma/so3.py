@@ -159,27 +159,9 @@ def _degree_slice(degree: int) -> slice:
     return slice(degree * degree, (degree + 1) ** 2)
 
 
-def rotate(blocks: list[torch.Tensor | None], x: torch.Tensor) -> torch.Tensor:
-    """Block-diagonal map of degree-major features ``x`` (E, (lmax+1)^2, C).
-
-    ``blocks[l]`` (E, 2l+1, 2l+1) acts on degree ``l``; ``None`` stands for the
-    identity (a rotation's degree-0 block is exactly 1). Each degree is a
-    broadcast product summed over one axis instead of a batched matrix product:
-    the work is memory bound either way, and written so a compiler fuses it with
-    the gather that produces ``x`` or the product that consumes it, saving full
-    passes over the edge features (eagerly it materialises the (E, 2l+1, 2l+1, C)
-    product).
-    """
-    out = []
-    for degree, block in enumerate(blocks):
-        part = x[:, _degree_slice(degree)]
-        out.append(part if block is None else (block.unsqueeze(-1) * part.unsqueeze(1)).sum(dim=2))
-    return torch.cat(out, dim=1)
-
-
 def rotate_back_m0(inverse_blocks: list[torch.Tensor], m0: torch.Tensor) -> torch.Tensor:
-    """:func:`rotate` by ``inverse_blocks`` (say ``D^T``) of edge-frame features that
-    are zero except for ``m = 0``.
+    """Block-diagonal map by ``inverse_blocks`` (say ``D^T``, one (E, 2l+1, 2l+1) block
+    per degree) of edge-frame features that are zero except for ``m = 0``.
 
     ``m0`` (E, lmax+1, C) holds the ``m = 0`` component of each degree; the
     result is degree-major (E, (lmax+1)^2, C): the ``m = 0`` column of each

@@ -1,0 +1,145 @@
+"""UMA's edge operators: their hand-written backward passes against finite differences,
+their Triton kernels against the torch code on a GPU, and UMA's forces on a GPU
+against ASE's finite differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+
+from fastcalc.uma import BucketedCalculator
+from fastcalc.uma.edge_ops import (
+    edge_pairs,
+    edge_pairs_backward,
+    edge_to_nodes,
+    edge_to_nodes_backward,
+)
+from fastcalc.uma.so3 import m_major_order
+
+# (lmax, mmax, channels): UMA-S's layout, and one whose m-major order drops components
+LAYOUTS = [(2, 2, 5), (3, 1, 4)]
+
+
+def radial_rows(lmax: int, mmax: int) -> torch.Tensor:
+    """Row of the radial scales of each edge-frame component: one per degree of m = 0,
+    then per m > 0 one per degree, shared by +m and -m."""
+    rows = list(range(lmax + 1))
+    for m in range(1, mmax + 1):
+        degrees = list(range(rows[-1] + 1, rows[-1] + 1 + lmax - m + 1))
+        rows += degrees + degrees
+    return torch.tensor(rows)
+
+
+def operands(lmax: int, mmax: int, channels: int, device: str = "cpu", dtype=torch.float64):
+    """Random node features, rotations, radial scales, messages, envelope and edges."""
+    gen = torch.Generator().manual_seed(lmax * 10 + mmax)
+    atoms, edges, k, m = 5, 13, (lmax + 1) ** 2, len(m_major_order(lmax, mmax))
+    rows = radial_rows(lmax, mmax)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device, dtype)
+
+    return dict(
+        x=rand(atoms, k, channels),
+        rotation=rand(edges, m, k),
+        radial=rand(edges, (int(rows.max()) + 1) * 2 * channels),
+        messages=rand(edges, m, channels),
+        envelope=rand(edges).abs(),
+        neighbour=torch.randint(atoms, (edges,), generator=gen).to(device),
+        centre=torch.randint(atoms, (edges,), generator=gen).to(device),
+        rows=rows.to(device),
+    )
+
+
+def pairs_of(o: dict, x, rotation, radial):
+    return edge_pairs(x, rotation, radial, o["neighbour"], o["centre"], o["rows"])
+
+
+def nodes_of(o: dict, x, messages, rotation, envelope):
+    return edge_to_nodes(x, messages, rotation, envelope, o["centre"])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_edge_pairs_gradients_match_finite_differences(layout):
+    o = operands(*layout)
+    inputs = [o[name].requires_grad_() for name in ("x", "rotation", "radial")]
+    assert torch.autograd.gradcheck(lambda *args: pairs_of(o, *args), inputs)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_edge_to_nodes_gradients_match_finite_differences(layout):
+    o = operands(*layout)
+    inputs = [o[name].requires_grad_() for name in ("x", "messages", "rotation", "envelope")]
+    assert torch.autograd.gradcheck(lambda *args: nodes_of(o, *args), inputs)
+
+
+def test_pairs_with_selecting_rotations_are_the_gathered_features_scaled():
+    """Rotations that pick component ``order[i]`` give both atoms' features in the
+    edge-frame order, each component times its radial row."""
+    lmax, mmax, channels = 3, 1, 4
+    o = operands(lmax, mmax, channels)
+    order = m_major_order(lmax, mmax)
+    picks = torch.zeros_like(o["rotation"])
+    picks[:, range(len(order)), order] = 1.0
+    scales = o["radial"].view(len(picks), -1, 2 * channels)[:, o["rows"]]
+    expected = torch.cat((o["x"][o["neighbour"]][:, order], o["x"][o["centre"]][:, order]), dim=2)
+    torch.testing.assert_close(pairs_of(o, o["x"], picks, o["radial"]), expected * scales)
+
+
+def test_edge_to_nodes_adds_the_back_rotated_messages_to_the_centre_atoms():
+    o = operands(2, 2, 3)
+    expected = o["x"].clone()
+    for e, atom in enumerate(o["centre"].tolist()):
+        expected[atom] += o["envelope"][e] * o["rotation"][e].T @ o["messages"][e]
+    got = nodes_of(o, o["x"], o["messages"], o["rotation"], o["envelope"])
+    torch.testing.assert_close(got, expected)
+
+
+# ------------------------------------------------------------------ CUDA
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("layout", [(2, 2, 128), (3, 1, 4)])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_kernels_match_the_torch_code(layout, dtype):
+    """Forward and backward of both operators on CUDA (Triton) equal the same operators
+    on the CPU (torch), in float64 to round-off and in float32 to its round-off."""
+    on_gpu = operands(*layout, device="cuda", dtype=dtype)
+    on_cpu = {k: v.cpu() for k, v in on_gpu.items()}
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+
+    def outputs(o):
+        pairs = pairs_of(o, o["x"], o["rotation"], o["radial"])
+        grad_pairs = torch.ones_like(pairs).cumsum(2).sin()
+        nodes = nodes_of(o, o["x"], o["messages"], o["rotation"], o["envelope"])
+        backward = edge_pairs_backward(
+            grad_pairs, o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], o["rows"]
+        )
+        nodes_backward = edge_to_nodes_backward(
+            nodes.cos(), o["messages"], o["rotation"], o["envelope"], o["centre"]
+        )
+        return [pairs, nodes, *backward, *nodes_backward]
+
+    for got, expected in zip(outputs(on_gpu), outputs(on_cpu)):
+        torch.testing.assert_close(got.cpu(), expected, **tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_uma_forces_and_stress_on_cuda_match_finite_differences(uma_checkpoints):
+    """Eager float64 on CUDA (the Triton kernels): forces and stress against ASE's
+    central differences of the energy."""
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
+    atoms.numbers[1] = 79
+    atoms.rattle(0.05, seed=7)
+    atoms.calc = BucketedCalculator(
+        uma_checkpoints["main"].path, task_name="omat", device="cuda", dtype="float64",
+        compile_mode="eager",
+    )
+    forces = atoms.get_forces()
+    numeric = atoms.calc.calculate_numerical_forces(atoms, d=1e-4)
+    np.testing.assert_allclose(forces, numeric, rtol=1e-6, atol=1e-7)
+    stress = atoms.get_stress()
+    np.testing.assert_allclose(stress, atoms.calc.calculate_numerical_stress(atoms, d=1e-5),
+                               rtol=1e-5, atol=1e-8)
