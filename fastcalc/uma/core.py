@@ -108,11 +108,12 @@ class EdgeFrames:
         neighbour: torch.Tensor,
         centre: torch.Tensor,
         radial: torch.Tensor,
-        rows: torch.Tensor,
+        mmax: int,
     ) -> torch.Tensor:
-        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``,
-        each component ``i`` times row ``rows[i]`` of ``radial`` (E, R * 2C)."""
-        return edge_pairs(x, self.rotation, radial, neighbour, centre, rows)
+        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``
+        (m up to ``mmax``), each component times its row of ``radial`` (E, rows * 2C; see
+        :func:`fastcalc.uma.edge_ops.radial_rows`)."""
+        return edge_pairs(x, self.rotation, radial, neighbour, centre, mmax)
 
     def add_to_nodes(
         self, x: torch.Tensor, centre: torch.Tensor, messages: torch.Tensor
@@ -141,7 +142,7 @@ class _Block(nn.Module):
         )
         degrees = coefficient_degrees(lmax)
         self.gate = Gate([degrees[k] for k in m_major_order(lmax, mmax)], hidden)
-        self.register_buffer("rows", torch.tensor(self.conv_1.radial_rows()), persistent=False)
+        self.mmax = mmax
         self.conv_2 = SO2Convolution(weights, f"{edge}so2_conv_2.", lmax, mmax, channels)
         self.norm_2 = RMSNormSH(weights, f"{prefix}norm_2.", lmax)
         self.feed_forward = SpectralFeedForward(weights, f"{prefix}atom_wise.", lmax, hidden)
@@ -160,7 +161,7 @@ class _Block(nn.Module):
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        messages, gates = self.conv_1(frames.messages(x, neighbour, centre, radial, self.rows))
+        messages, gates = self.conv_1(frames.messages(x, neighbour, centre, radial, self.mmax))
         messages, _ = self.conv_2(self.gate(gates, messages))
         x = frames.add_to_nodes(residual, centre, messages)
         return x + self.feed_forward(self.norm_2(x))

@@ -3,14 +3,16 @@
 One program handles a few edges and all channels of one side (neighbour or centre)
 of each: it gathers the atom's features (K, C) once, rotates them with plain FMAs
 (IEEE float32 or float64, never TF32), and writes or accumulates what the operator
-asks. Sums over edges into atoms use atomic adds, as ``index_add`` does on CUDA; sums
-over the two sides and the two signs of m (at most two terms into a zeroed buffer)
-give the same bits in any order.
+asks. Sums over edges into atoms use atomic adds, as ``index_add`` does on CUDA; the
+sums over the two signs of m are made in registers and those over the two sides by
+the caller. The radial rows and edge-frame components follow the layout of
+``edge_ops.radial_rows``, unrolled at compile time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import triton
@@ -19,7 +21,7 @@ from torch import Tensor
 
 #: Elements of the (edges, components, channels) tile each program holds, and its warps.
 TILE = 4096
-WARPS = 4
+WARPS = 2
 
 
 def _block_sizes(components: int, channels: int) -> tuple[int, int, int]:
@@ -33,11 +35,34 @@ def _device(tensor: Tensor) -> contextlib.AbstractContextManager:
 
 
 @triton.jit
+def _gathered(x_ptr, src_ptr, side, e, e_ok, k, c, E, C, K: tl.constexpr):
+    """The (edges, KP, channels) features of one side's atoms, and where they lie."""
+    src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
+    mask = e_ok[:, None, None] & (k < K)[None, :, None] & (c < C)[None, None, :]
+    offsets = src[:, None, None] * (K * C) + k[None, :, None] * C + c[None, None, :]
+    return tl.load(x_ptr + offsets, mask=mask, other=0.0), offsets, mask
+
+
+@triton.jit
+def _rotated(rot_ptr, x, e, e_ok, k, i: tl.constexpr, M: tl.constexpr, K: tl.constexpr):
+    """Row ``i`` of the edge rotations (edges, KP) and the features it makes (edges, C)."""
+    r = tl.load(rot_ptr + e[:, None] * (M * K) + i * K + k[None, :],
+                mask=e_ok[:, None] & (k < K)[None, :], other=0.0)
+    return r, tl.sum(r[:, :, None] * x, axis=1)
+
+
+@triton.jit
+def _order_start(m: tl.constexpr, LMAX: tl.constexpr):
+    """Radial rows (also: +m components past the m = 0 ones) before order ``m >= 1``."""
+    return (m - 1) * (LMAX + 1) - (m - 1) * m // 2
+
+
+@triton.jit
 def _pairs_kernel(
-    x_ptr, rot_ptr, radial_ptr, src_ptr, rows_ptr, out_ptr,
-    E, C, NR,
-    M: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, rot_ptr, radial_ptr, src_ptr, out_ptr,
+    E, C,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, NR: tl.constexpr,
+    KP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     side = tl.program_id(1)
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -45,34 +70,48 @@ def _pairs_kernel(
     e = e.to(tl.int64)
     k = tl.arange(0, KP)
     c = tl.arange(0, BLOCK_C)
-    k_ok = k < K
-    c_ok = c < C
-    src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
-    x_mask = e_ok[:, None, None] & k_ok[None, :, None] & c_ok[None, None, :]
-    x = tl.load(
-        x_ptr + src[:, None, None] * (K * C) + k[None, :, None] * C + c[None, None, :],
-        mask=x_mask, other=0.0,
-    )
-    width = 2 * C
-    ec_mask = e_ok[:, None] & c_ok[None, :]
-    for i in tl.static_range(M):
-        r = tl.load(rot_ptr + e[:, None] * (M * K) + i * K + k[None, :],
-                    mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-        rotated = tl.sum(r[:, :, None] * x, axis=1)
-        row = tl.load(rows_ptr + i)
-        scale = tl.load(radial_ptr + e[:, None] * (NR * width) + row * width + side * C + c[None, :],
-                        mask=ec_mask, other=0.0)
-        tl.store(out_ptr + e[:, None] * (M * width) + i * width + side * C + c[None, :],
-                 rotated * scale, mask=ec_mask)
+    mask = e_ok[:, None] & (c < C)[None, :]
+    x, _, _ = _gathered(x_ptr, src_ptr, side, e, e_ok, k, c, E, C, K)
+    radial = radial_ptr + e[:, None] * (NR * 2 * C) + side * C + c[None, :]
+    out = out_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
+    for l in tl.static_range(LMAX + 1):  # m = 0: component l, radial row l
+        scale = tl.load(radial + l * 2 * C, mask=mask, other=0.0)
+        _, rotated = _rotated(rot_ptr, x, e, e_ok, k, l, M, K)
+        tl.store(out + l * 2 * C, rotated * scale, mask=mask)
+    for m in tl.static_range(1, MMAX + 1):  # +m and -m components share a row
+        for j in tl.static_range(LMAX - m + 1):
+            row = LMAX + 1 + _order_start(m, LMAX) + j
+            plus = LMAX + 1 + 2 * _order_start(m, LMAX) + j
+            scale = tl.load(radial + row * 2 * C, mask=mask, other=0.0)
+            _, rotated = _rotated(rot_ptr, x, e, e_ok, k, plus, M, K)
+            tl.store(out + plus * 2 * C, rotated * scale, mask=mask)
+            minus = plus + LMAX - m + 1
+            _, rotated = _rotated(rot_ptr, x, e, e_ok, k, minus, M, K)
+            tl.store(out + minus * 2 * C, rotated * scale, mask=mask)
+
+
+@triton.jit
+def _component_backward(
+    grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask,
+    i: tl.constexpr, M: tl.constexpr, K: tl.constexpr, C,
+):
+    """Component ``i``'s share of the radial row's gradient and of the features'; stores
+    its row of this side's rotation gradient."""
+    r, rotated = _rotated(rot_ptr, x, e, e_ok, k, i, M, K)
+    g = tl.load(grad + i * 2 * C, mask=mask, other=0.0)
+    scaled = g * scale
+    tl.store(grad_rot + i * K, tl.sum(scaled[:, None, :] * x, axis=2),
+             mask=e_ok[:, None] & (k < K)[None, :])
+    return g * rotated, r[:, :, None] * scaled[:, None, :]
 
 
 @triton.jit
 def _pairs_backward_kernel(
-    grad_ptr, x_ptr, rot_ptr, radial_ptr, src_ptr, rows_ptr,
+    grad_ptr, x_ptr, rot_ptr, radial_ptr, src_ptr,
     grad_x_ptr, grad_rot_ptr, grad_radial_ptr,
-    E, C, NR,
-    M: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    E, C,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, NR: tl.constexpr,
+    KP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     side = tl.program_id(1)
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -80,30 +119,31 @@ def _pairs_backward_kernel(
     e = e.to(tl.int64)
     k = tl.arange(0, KP)
     c = tl.arange(0, BLOCK_C)
-    k_ok = k < K
-    c_ok = c < C
-    src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
-    x_mask = e_ok[:, None, None] & k_ok[None, :, None] & c_ok[None, None, :]
-    x_offsets = src[:, None, None] * (K * C) + k[None, :, None] * C + c[None, None, :]
-    x = tl.load(x_ptr + x_offsets, mask=x_mask, other=0.0)
+    mask = e_ok[:, None] & (c < C)[None, :]
+    x, x_offsets, x_mask = _gathered(x_ptr, src_ptr, side, e, e_ok, k, c, E, C, K)
     grad_x = tl.zeros((BLOCK_E, KP, BLOCK_C), dtype=x.dtype)
-    width = 2 * C
-    ec_mask = e_ok[:, None] & c_ok[None, :]
-    ek_mask = e_ok[:, None] & k_ok[None, :]
-    for i in tl.static_range(M):
-        rot_offsets = e[:, None] * (M * K) + i * K + k[None, :]
-        r = tl.load(rot_ptr + rot_offsets, mask=ek_mask, other=0.0)
-        rotated = tl.sum(r[:, :, None] * x, axis=1)
-        row = tl.load(rows_ptr + i)
-        radial_offsets = e[:, None] * (NR * width) + row * width + side * C + c[None, :]
-        scale = tl.load(radial_ptr + radial_offsets, mask=ec_mask, other=0.0)
-        grad = tl.load(grad_ptr + e[:, None] * (M * width) + i * width + side * C + c[None, :],
-                       mask=ec_mask, other=0.0)
-        tl.atomic_add(grad_radial_ptr + radial_offsets, grad * rotated, mask=ec_mask)
-        scaled = grad * scale
-        grad_x += r[:, :, None] * scaled[:, None, :]
-        tl.atomic_add(grad_rot_ptr + rot_offsets, tl.sum(scaled[:, None, :] * x, axis=2),
-                      mask=ek_mask)
+    radial = e[:, None] * (NR * 2 * C) + side * C + c[None, :]
+    grad = grad_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
+    # this side's share of the rotation gradient, in (2, E, M, K): the caller sums the sides
+    grad_rot = grad_rot_ptr + side * E * M * K + e[:, None] * (M * K) + k[None, :]
+    for l in tl.static_range(LMAX + 1):
+        scale = tl.load(radial_ptr + radial + l * 2 * C, mask=mask, other=0.0)
+        grad_scale, update = _component_backward(
+            grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, l, M, K, C)
+        grad_x += update
+        tl.store(grad_radial_ptr + radial + l * 2 * C, grad_scale, mask=mask)
+    for m in tl.static_range(1, MMAX + 1):
+        for j in tl.static_range(LMAX - m + 1):
+            row = LMAX + 1 + _order_start(m, LMAX) + j
+            plus = LMAX + 1 + 2 * _order_start(m, LMAX) + j
+            scale = tl.load(radial_ptr + radial + row * 2 * C, mask=mask, other=0.0)
+            grad_plus, update = _component_backward(
+                grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus, M, K, C)
+            grad_x += update
+            grad_minus, update = _component_backward(
+                grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus + LMAX - m + 1, M, K, C)
+            grad_x += update
+            tl.store(grad_radial_ptr + radial + row * 2 * C, grad_plus + grad_minus, mask=mask)
     tl.atomic_add(grad_x_ptr + x_offsets, grad_x, mask=x_mask)
 
 
@@ -172,47 +212,51 @@ def _to_nodes_backward_kernel(
     tl.store(grad_env_ptr + e, grad_envelope, mask=e_ok)
 
 
+def _layout(x: Tensor, rotation: Tensor, radial: Tensor, mmax: int) -> dict:
+    k, channels = x.shape[1], x.shape[2]
+    lmax = math.isqrt(k) - 1
+    padded, block_c, block_e = _block_sizes(k, channels)
+    return dict(
+        LMAX=lmax, MMAX=mmax, M=rotation.shape[1], K=k, NR=radial.shape[1] // (2 * channels),
+        KP=padded, BLOCK_E=block_e, BLOCK_C=block_c, num_warps=WARPS,
+    )
+
+
 def pairs(x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor,
-          rows: Tensor) -> Tensor:
+          mmax: int) -> Tensor:
     """:func:`fastcalc.uma.edge_ops.edge_pairs`."""
     x, rotation, radial = x.contiguous(), rotation.contiguous(), radial.contiguous()
-    edges, m, k = rotation.shape
+    edges, m, _ = rotation.shape
     channels = x.shape[2]
     out = x.new_empty(edges, m, 2 * channels)
     if edges == 0:
         return out
-    padded, block_c, block_e = _block_sizes(k, channels)
-    sources = torch.stack((neighbour, centre))
+    layout = _layout(x, rotation, radial, mmax)
     with _device(x):
-        _pairs_kernel[(triton.cdiv(edges, block_e), 2)](
-            x, rotation, radial, sources, rows.contiguous(), out,
-            edges, channels, radial.shape[1] // (2 * channels),
-            M=m, K=k, KP=padded, BLOCK_E=block_e, BLOCK_C=block_c, num_warps=WARPS,
+        _pairs_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
+            x, rotation, radial, torch.stack((neighbour, centre)), out, edges, channels, **layout
         )
     return out
 
 
 def pairs_backward(grad: Tensor, x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor,
-                   centre: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                   centre: Tensor, mmax: int) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`fastcalc.uma.edge_ops.edge_pairs_backward`."""
     grad, x = grad.contiguous(), x.contiguous()
     rotation, radial = rotation.contiguous(), radial.contiguous()
-    edges, m, k = rotation.shape
-    channels = x.shape[2]
+    edges = rotation.shape[0]
     grad_x = torch.zeros_like(x)
-    grad_rotation = torch.zeros_like(rotation)
-    grad_radial = torch.zeros_like(radial)
+    grad_rotation = rotation.new_empty(2, *rotation.shape)
+    grad_radial = torch.empty_like(radial)
     if edges == 0:
-        return grad_x, grad_rotation, grad_radial
-    padded, block_c, block_e = _block_sizes(k, channels)
-    sources = torch.stack((neighbour, centre))
+        return grad_x, torch.zeros_like(rotation), grad_radial
+    layout = _layout(x, rotation, radial, mmax)
     with _device(x):
-        _pairs_backward_kernel[(triton.cdiv(edges, block_e), 2)](
-            grad, x, rotation, radial, sources, rows.contiguous(), grad_x, grad_rotation, grad_radial,
-            edges, channels, radial.shape[1] // (2 * channels),
-            M=m, K=k, KP=padded, BLOCK_E=block_e, BLOCK_C=block_c, num_warps=WARPS,
+        _pairs_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
+            grad, x, rotation, radial, torch.stack((neighbour, centre)),
+            grad_x, grad_rotation, grad_radial, edges, x.shape[2], **layout
         )
-    return grad_x, grad_rotation, grad_radial
+    return grad_x, grad_rotation.sum(dim=0), grad_radial
 
 
 def to_nodes(x: Tensor, messages: Tensor, rotation: Tensor, envelope: Tensor,

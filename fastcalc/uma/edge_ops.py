@@ -18,6 +18,8 @@ elsewhere the torch code here. Both are registered as torch custom operators, so
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx as Context
@@ -26,7 +28,7 @@ from .so3 import coefficient_degrees
 
 Grads = tuple[Tensor, Tensor, Tensor]
 
-__all__ = ["edge_pairs", "edge_rotations", "edge_to_nodes", "rotation_index"]
+__all__ = ["edge_pairs", "edge_rotations", "edge_to_nodes", "radial_rows", "rotation_index"]
 
 
 def rotation_index(lmax: int, order: list[int]) -> torch.Tensor:
@@ -63,6 +65,17 @@ def edge_rotations(blocks: list[torch.Tensor], index: torch.Tensor) -> torch.Ten
     return flat.index_select(1, index.flatten()).view(-1, *index.shape)
 
 
+def radial_rows(lmax: int, mmax: int) -> list[int]:
+    """Row of the radial scales, viewed as (E, rows, 2C), of each edge-frame component:
+    one row per degree of m = 0, then for each m > 0 one per degree, shared by the +m
+    and -m components (the layout of the first SO(2) convolution's radial network)."""
+    rows = list(range(lmax + 1))
+    for m in range(1, mmax + 1):
+        degrees = list(range(rows[-1] + 1, rows[-1] + 1 + lmax - m + 1))
+        rows += degrees + degrees
+    return rows
+
+
 # ---------------------------------------------------------------- edge pairs
 @torch.library.custom_op("fastcalc::edge_pairs", mutates_args=())
 def edge_pairs(
@@ -71,26 +84,27 @@ def edge_pairs(
     radial: torch.Tensor,
     neighbour: torch.Tensor,
     centre: torch.Tensor,
-    rows: torch.Tensor,
+    mmax: int,
 ) -> torch.Tensor:
     """Scaled edge-frame pairs (E, M, 2C): ``[R_e x[neighbour_e], R_e x[centre_e]]``,
-    each row ``i`` times row ``rows[i]`` of ``radial`` (E, R * 2C), for node features
-    ``x`` (N, K, C) and rotations ``rotation`` (E, M, K)."""
+    each component times its row (:func:`radial_rows`) of ``radial`` (E, rows * 2C), for
+    node features ``x`` (N, K, C) and rotations ``rotation`` (E, M, K)."""
     pairs = torch.cat(
         (torch.bmm(rotation, x.index_select(0, neighbour)),
          torch.bmm(rotation, x.index_select(0, centre))),
         dim=2,
     )
-    return pairs * _scales(radial, rows, pairs.shape[2])
+    return pairs * _scales(radial, x.shape[1], mmax, pairs.shape[2])
 
 
-def _scales(radial: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
+def _scales(radial: torch.Tensor, size: int, mmax: int, width: int) -> torch.Tensor:
+    rows = torch.tensor(radial_rows(math.isqrt(size) - 1, mmax), device=radial.device)
     return radial.view(radial.shape[0], -1, width).index_select(1, rows)
 
 
 @edge_pairs.register_fake
 def _(
-    x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, rows: Tensor
+    x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, mmax: int
 ) -> Tensor:
     return x.new_empty(rotation.shape[0], rotation.shape[1], 2 * x.shape[2])
 
@@ -103,13 +117,14 @@ def edge_pairs_backward(
     radial: torch.Tensor,
     neighbour: torch.Tensor,
     centre: torch.Tensor,
-    rows: torch.Tensor,
+    mmax: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`edge_pairs` in ``x``, ``rotation`` and ``radial``."""
     channels = x.shape[2]
     gathered = (x.index_select(0, neighbour), x.index_select(0, centre))
     rotated = torch.cat([torch.bmm(rotation, part) for part in gathered], dim=2)
-    scaled = grad * _scales(radial, rows, 2 * channels)
+    scaled = grad * _scales(radial, x.shape[1], mmax, 2 * channels)
+    rows = torch.tensor(radial_rows(math.isqrt(x.shape[1]) - 1, mmax), device=radial.device)
     grad_radial = radial.new_zeros(radial.shape[0], radial.shape[1] // (2 * channels), 2 * channels)
     grad_radial = grad_radial.index_add(1, rows, grad * rotated).view_as(radial)
     sides = scaled.split(channels, dim=2)
@@ -121,16 +136,17 @@ def edge_pairs_backward(
 
 
 @edge_pairs_backward.register_fake
-def _(grad: Tensor, x: Tensor, rotation: Tensor, radial: Tensor, *indices: Tensor) -> Grads:
+def _(grad: Tensor, x: Tensor, rotation: Tensor, radial: Tensor, *indices: Tensor | int) -> Grads:
     return torch.empty_like(x), torch.empty_like(rotation), torch.empty_like(radial)
 
 
 def _pairs_setup(ctx: Context, inputs: tuple, output: torch.Tensor) -> None:
-    ctx.save_for_backward(*inputs)
+    *tensors, ctx.mmax = inputs
+    ctx.save_for_backward(*tensors)
 
 
 def _pairs_backward(ctx: Context, grad: torch.Tensor) -> tuple:
-    grads = edge_pairs_backward(grad.contiguous(), *ctx.saved_tensors)
+    grads = edge_pairs_backward(grad.contiguous(), *ctx.saved_tensors, ctx.mmax)
     return (*grads, None, None, None)
 
 
@@ -196,14 +212,14 @@ edge_to_nodes.register_autograd(_nodes_backward, setup_context=_nodes_setup)
 
 # ---------------------------------------------------------------- CUDA kernels
 @edge_pairs.register_kernel("cuda")
-def _(*args: Tensor) -> Tensor:
+def _(*args: Tensor | int) -> Tensor:
     from . import edge_kernels
 
     return edge_kernels.pairs(*args)
 
 
 @edge_pairs_backward.register_kernel("cuda")
-def _(*args: Tensor) -> Grads:
+def _(*args: Tensor | int) -> Grads:
     from . import edge_kernels
 
     return edge_kernels.pairs_backward(*args)

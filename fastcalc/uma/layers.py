@@ -185,7 +185,7 @@ class SO2Convolution(nn.Module):
     ``m = 0``: a real linear map of all ``l`` components (optionally producing
     ``extra`` leading gate channels).  ``m > 0``: a complex linear map of the
     ``(+m, -m)`` pair. The first convolution of a layer takes inputs already scaled
-    by its radial network (:meth:`radial_rows` gives the layout of those scales).
+    by its radial network (:func:`fastcalc.uma.edge_ops.radial_rows`).
     """
 
     def __init__(
@@ -210,16 +210,6 @@ class SO2Convolution(nn.Module):
     def mixed_layers(self) -> list[MixedLinear]:
         """Its linear maps (m = 0, then each m > 0): the ones whose experts get merged."""
         return [self.m0, *self.orders]
-
-    def radial_rows(self) -> list[int]:
-        """For each edge-frame component of its input, the row of its radial scales,
-        viewed as (E, rows, C_in): one row per degree of m = 0, then for each m > 0 one
-        per degree, shared by the +m and -m components."""
-        rows = list(range(self.block_sizes[0]))
-        for size in self.block_sizes[1:]:
-            degrees = range(rows[-1] + 1, rows[-1] + 1 + size // 2)
-            rows += [*degrees, *degrees]
-        return rows
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` (E, M, C_in) -> (output (E, M, C_out), gate channels (E, extra))."""
