@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 from ase.build import bulk
+from ase.calculators.fd import calculate_numerical_forces, calculate_numerical_stress
 
+from fastcalc.bench.upstream import build_checkpoint, default_backbone
 from fastcalc.uma import BucketedCalculator
 from fastcalc.uma.edge_ops import (
     edge_pairs,
@@ -125,19 +127,18 @@ def test_triton_kernels_match_the_torch_code(layout, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_uma_forces_and_stress_on_cuda_match_finite_differences(uma_checkpoints):
-    """Eager float64 on CUDA (the Triton kernels): forces and stress against ASE's
-    central differences of the energy."""
+def test_uma_forces_and_stress_on_cuda_match_finite_differences(tmp_path):
+    """Eager float64 on CUDA (the Triton kernels), on a checkpoint whose stress is the
+    strain derivative of its energy: forces and stress against ASE's central differences."""
+    path = tmp_path / "consistent.pt"
+    build_checkpoint(path, default_backbone(), "UMA-S-1.2", seed=3, consistent_stress=True)
     atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
     atoms.numbers[1] = 79
     atoms.rattle(0.05, seed=7)
     atoms.calc = BucketedCalculator(
-        uma_checkpoints["main"].path, task_name="omat", device="cuda", dtype="float64",
-        compile_mode="eager",
+        path, task_name="omat", device="cuda", dtype="float64", compile_mode="eager"
     )
-    forces = atoms.get_forces()
-    numeric = atoms.calc.calculate_numerical_forces(atoms, d=1e-4)
-    np.testing.assert_allclose(forces, numeric, rtol=1e-6, atol=1e-7)
-    stress = atoms.get_stress()
-    np.testing.assert_allclose(stress, atoms.calc.calculate_numerical_stress(atoms, d=1e-5),
-                               rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(atoms.get_forces(), calculate_numerical_forces(atoms, 1e-4),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(atoms.get_stress(), calculate_numerical_stress(atoms, 1e-5),
+                               rtol=1e-6, atol=1e-8)
