@@ -20,8 +20,8 @@ import triton.language as tl
 from torch import Tensor
 
 #: Elements of the (edges, components, channels) tile each program holds, and its warps.
-TILE = 2048
-WARPS = 1
+TILE = 4096
+WARPS = 2
 
 
 def _block_sizes(components: int, channels: int) -> tuple[int, int, int]:

@@ -134,12 +134,8 @@ class MixedLinear(nn.Module):
     """A linear map whose weight is a mixture of expert weights, merged in place.
 
     ``experts`` has shape ``(K, out, in)`` (``K = 1`` for a plain linear).  With
-    ``complex_pair`` the merged ``[W1; W2]`` acts as the complex weight ``W1 + i W2`` on
-    ``[x_real, x_imag]``: real part ``W1 x_r - W2 x_i``, imaginary part
-    ``W2 x_r + W1 x_i`` (SO(2) order m > 0), computed with three products instead of
-    four (Gauss): ``W1 x_r``, ``W2 x_i`` and ``(W1 + W2)(x_r + x_i)``; ``weight`` holds
-    ``[W1, W2]``. (``W1 + W2`` is summed in each call, in the model's dtype: a sum stored
-    in float32 and then cast would break the pair's symmetry at float32 round-off.)
+    ``complex_pair`` the merged ``[W1; W2]`` is stored as the real block matrix
+    ``[[W1, -W2], [W2, W1]]`` acting on ``[x_real, x_imag]`` (SO(2) order m > 0).
     """
 
     def __init__(
@@ -148,9 +144,7 @@ class MixedLinear(nn.Module):
         super().__init__()
         self.complex_pair = complex_pair
         out_features, in_features = experts.shape[1:]
-        shape = (2, out_features // 2, in_features) if complex_pair else (out_features, in_features)
-        if complex_pair and bias is not None:
-            raise NotImplementedError("a complex (SO(2) m > 0) linear map with a bias")
+        shape = (out_features, 2 * in_features) if complex_pair else (out_features, in_features)
         self.register_buffer("experts", experts.clone())
         self.register_buffer("weight", experts.new_zeros(shape))
         self.register_buffer("bias", None if bias is None else bias.clone())
@@ -164,17 +158,16 @@ class MixedLinear(nn.Module):
         if not self.complex_pair:
             self.weight.copy_(merged)
             return
-        self.weight.copy_(merged.view_as(self.weight))
+        half_out, half_in = merged.shape[0] // 2, merged.shape[1]
+        w1, w2 = merged[:half_out], merged[half_out:]
+        self.weight[:half_out, :half_in].copy_(w1)
+        self.weight[:half_out, half_in:].copy_(-w2)
+        self.weight[half_out:, :half_in].copy_(w2)
+        self.weight[half_out:, half_in:].copy_(w1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` times the weight last merged by :meth:`merge`, plus the bias."""
-        if not self.complex_pair:
-            return linear(x, self.weight, self.bias)
-        x_real, x_imag = x.chunk(2, dim=-1)
-        real = linear(x_real, self.weight[0])
-        imag = linear(x_imag, self.weight[1])
-        both = linear(x_real + x_imag, self.weight[0] + self.weight[1])
-        return torch.cat((real - imag, both - real - imag), dim=-1)
+        return linear(x, self.weight, self.bias)
 
 
 def mixed_linear(weights: Weights, prefix: str, complex_pair: bool = False) -> MixedLinear:
