@@ -10,8 +10,10 @@ This works across machines that share the folder (a job array over nodes), where
 torch's own caches in ``/tmp`` do not.
 
 Entries are named by a :class:`CacheKey`: the model's content (a digest of its weights
-and hyper-parameters, not its file name), fastcalc's, torch's and triton's versions, the
-device, and the dtype, precision and compile mode. An entry is written to a temporary
+and hyper-parameters, not its file name), fastcalc's, torch's and triton's versions, a
+digest of fastcalc's own source (so that code changed under one version number, as in a
+development install, compiles afresh), the device, and the dtype, precision and compile
+mode. An entry is written to a temporary
 file and renamed into place, so two processes filling it at once both succeed and no
 reader sees half a file; an entry that cannot be read or does not match its key is
 reported in one warning, removed and written again.
@@ -22,6 +24,7 @@ The folder is ``$FASTCALC_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastcalc``, else
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -83,6 +86,17 @@ def _device_name(device: torch.device) -> str:
     return f"{device.type} {platform.machine()}"
 
 
+@functools.cache
+def source_digest(package: Path = Path(__file__).parent) -> str:
+    """A digest of the Python source files of ``package`` (by default fastcalc's own: what
+    its compiled graphs are made of)."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _triton_version() -> str:
     try:
         import triton
@@ -97,6 +111,7 @@ class CacheKey:
 
     model: str  # tensors_digest of the model
     fastcalc: str
+    source: str  # source_digest(): fastcalc's code
     torch: str
     triton: str
     device: str
@@ -122,6 +137,7 @@ class CacheKey:
         return cls(
             model=model,
             fastcalc=__version__,
+            source=source_digest(),
             torch=torch.__version__,
             triton=_triton_version(),
             device=_device_name(device),

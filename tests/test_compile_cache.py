@@ -111,6 +111,31 @@ def test_an_entry_of_another_key_is_not_used(tmp_path):
     assert cache.load(key, None) is None  # nothing stored
 
 
+def test_changed_fastcalc_source_names_another_entry(tmp_path, monkeypatch):
+    """A development install edited under one version number does not load entries
+    compiled from its earlier code: one changed file changes the source digest, which
+    names the entry."""
+    import shutil
+
+    import fastcalc
+    from fastcalc import compile_cache
+
+    copies = []
+    for name in ("same", "edited"):
+        copies.append(tmp_path / name / "fastcalc")
+        shutil.copytree(Path(fastcalc.__file__).parent, copies[-1],
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pt"))
+    with open(copies[1] / "geometry.py", "a") as handle:
+        handle.write("\n# edited\n")
+    assert compile_cache.source_digest(copies[0]) == compile_cache.source_digest()
+    edited = compile_cache.source_digest(copies[1])
+    assert edited != compile_cache.source_digest()
+    key = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
+    monkeypatch.setattr(compile_cache, "source_digest", lambda: edited)
+    other = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
+    assert other.source == edited and other.name != key.name
+
+
 def test_a_file_that_is_not_an_entry_is_reported_and_removed(tmp_path):
     cache = CompileCache(tmp_path)
     key = CacheKey.create("a", torch.device("cpu"), torch.float64, "float32", "default")
