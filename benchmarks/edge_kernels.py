@@ -1,0 +1,113 @@
+"""UMA's edge operators on CUDA: the Triton kernels against the same work in torch, per tile.
+
+Random operands of one layer of the UMA-S-shaped benchmark (1008 Cu atoms, about 78
+neighbours each: 78,000 edges, 128 channels, lmax = mmax = 2). Prints the median time
+of each operator and its backward pass in torch (eager, on CUDA) and, for each tile
+size and warp count of :mod:`fastcalc.uma.edge_kernels`, in the kernels, with their
+largest difference from torch relative to its largest value.
+
+    python benchmarks/edge_kernels.py --edges 78000 --tiles 2048 4096 8192 --warps 1 2 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from fastcalc.uma import edge_kernels  # noqa: E402
+from fastcalc.uma.edge_ops import radial_rows  # noqa: E402
+
+
+def median_ms(fn: Callable[[], object], calls: int = 20) -> float:
+    fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--atoms", type=int, default=1008)
+    parser.add_argument("--edges", type=int, default=78000)
+    parser.add_argument("--channels", type=int, default=128)
+    parser.add_argument("--tiles", type=int, nargs="+", default=[2048, 4096, 8192])
+    parser.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    cuda = dict(device="cuda")
+    lmax = mmax = 2
+    rows = torch.tensor(radial_rows(lmax, mmax), **cuda)
+    n, e, c, k, m = args.atoms, args.edges, args.channels, (lmax + 1) ** 2, len(rows)
+    x = torch.randn(n, k, c, **cuda)
+    rotation = torch.randn(e, m, k, **cuda)
+    radial = torch.randn(e, (int(rows.max()) + 1) * 2 * c, **cuda)
+    neighbour = torch.randint(0, n, (e,), **cuda)
+    centre = torch.randint(0, n, (e,), **cuda).sort().values
+    messages = torch.randn(e, m, c, **cuda)
+    envelope = torch.rand(e, **cuda)
+    grad_pairs = torch.randn(e, m, 2 * c, **cuda)
+    grad_nodes = torch.randn(n, k, c, **cuda)
+
+    def torch_pairs(x=x, rotation=rotation, radial=radial):
+        pairs = torch.cat((rotation @ x[neighbour], rotation @ x[centre]), dim=2)
+        return pairs * radial.view(e, -1, 2 * c)[:, rows]
+
+    def torch_nodes(x=x, messages=messages, rotation=rotation, envelope=envelope):
+        return x.index_add(0, centre, rotation.mT @ messages * envelope.view(-1, 1, 1))
+
+    def torch_backward(fn, inputs, grad):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        return torch.autograd.grad(fn(*leaves), leaves, grad)
+
+    pairs_inputs = (x, rotation, radial)
+    nodes_inputs = (x, messages, rotation, envelope)
+    expected = [
+        torch_pairs(),
+        *torch_backward(torch_pairs, pairs_inputs, grad_pairs),
+        torch_nodes(),
+        *torch_backward(torch_nodes, nodes_inputs, grad_nodes)[1:],
+    ]
+    print(
+        "torch: pairs %.3f ms, pairs forward and backward %.3f, nodes %.3f, nodes forward "
+        "and backward %.3f" % (
+            median_ms(torch_pairs),
+            median_ms(lambda: torch_backward(torch_pairs, pairs_inputs, grad_pairs)),
+            median_ms(torch_nodes),
+            median_ms(lambda: torch_backward(torch_nodes, nodes_inputs, grad_nodes)),
+        )
+    )
+    kernels = {
+        "pairs": lambda: edge_kernels.pairs(x, rotation, radial, neighbour, centre, mmax),
+        "pairs backward": lambda: edge_kernels.pairs_backward(
+            grad_pairs, x, rotation, radial, neighbour, centre, mmax
+        ),
+        "nodes": lambda: edge_kernels.to_nodes(x, messages, rotation, envelope, centre),
+        "nodes backward": lambda: edge_kernels.to_nodes_backward(
+            grad_nodes, messages, rotation, envelope, centre
+        ),
+    }
+    for tile in args.tiles:
+        for warps in args.warps:
+            edge_kernels.TILE, edge_kernels.WARPS = tile, warps
+            got = [kernels["pairs"](), *kernels["pairs backward"](), kernels["nodes"](),
+                   *kernels["nodes backward"]()]
+            error = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, expected))
+            times = ", ".join(f"{name} {median_ms(fn):.3f}" for name, fn in kernels.items())
+            print(f"tile {tile}, {warps} warps: {times} ms; largest relative difference {error:.1e}")
+
+
+if __name__ == "__main__":
+    main()
