@@ -6,6 +6,12 @@ serve every check here.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
 import pytest
 from ase.build import bulk, fcc111, molecule
 from test_against_fairchem import assert_agree
@@ -83,3 +89,33 @@ def test_compiled_matches_fairchem_after_composition_change(tiny):
     for structure in (atoms, alloy, atoms):
         assert_agree(evaluate(calc, structure), evaluate(reference, structure))
     assert calc.compile_stats["compilations"] == 1
+
+
+def test_a_second_process_loads_the_stored_graph_without_compiling(tiny, tmp_path):
+    """The compiled graph (UMA's edge operators in it) that this process stored in the
+    disk cache: a fresh process building the same calculator loads it, compiles nothing
+    and gives this process's numbers (to float64 round-off)."""
+    calc, _, _ = tiny
+    atoms = structures()["tiny"][1]
+    ours = evaluate(calc, atoms)
+    atoms.write(tmp_path / "atoms.traj")
+    script = textwrap.dedent(f"""
+        import json
+        from ase.io import read
+        from fastcalc.uma import BucketedCalculator
+        atoms = read({str(tmp_path / "atoms.traj")!r})
+        atoms.calc = BucketedCalculator(
+            {calc.parameters["checkpoint"]!r}, task_name="omat", dtype="float64",
+            device="cpu", compile_mode="default", bucket_size=64,
+        )
+        print(json.dumps({{"energy": atoms.get_potential_energy(),
+                          "forces": atoms.get_forces().tolist(),
+                          "stats": atoms.calc.compile_stats}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert theirs["stats"]["from_cache"] == 1 and theirs["stats"]["compilations"] == 0
+    np.testing.assert_allclose(theirs["energy"], ours.energy, rtol=1e-12)
+    np.testing.assert_allclose(theirs["forces"], ours.forces, rtol=1e-10, atol=1e-12)
