@@ -94,11 +94,15 @@ def edge_pairs(
          torch.bmm(rotation, x.index_select(0, centre))),
         dim=2,
     )
-    return pairs * _scales(radial, x.shape[1], mmax, pairs.shape[2])
+    return pairs * _scales(radial, _rows(x, mmax), pairs.shape[2])
 
 
-def _scales(radial: torch.Tensor, size: int, mmax: int, width: int) -> torch.Tensor:
-    rows = torch.tensor(radial_rows(math.isqrt(size) - 1, mmax), device=radial.device)
+def _rows(x: torch.Tensor, mmax: int) -> torch.Tensor:
+    """:func:`radial_rows` for node features ``x`` (N, (lmax+1)^2, C), on their device."""
+    return torch.tensor(radial_rows(math.isqrt(x.shape[1]) - 1, mmax), device=x.device)
+
+
+def _scales(radial: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
     return radial.view(radial.shape[0], -1, width).index_select(1, rows)
 
 
@@ -123,8 +127,8 @@ def edge_pairs_backward(
     channels = x.shape[2]
     gathered = (x.index_select(0, neighbour), x.index_select(0, centre))
     rotated = torch.cat([torch.bmm(rotation, part) for part in gathered], dim=2)
-    scaled = grad * _scales(radial, x.shape[1], mmax, 2 * channels)
-    rows = torch.tensor(radial_rows(math.isqrt(x.shape[1]) - 1, mmax), device=radial.device)
+    rows = _rows(x, mmax)
+    scaled = grad * _scales(radial, rows, 2 * channels)
     grad_radial = radial.new_zeros(radial.shape[0], radial.shape[1] // (2 * channels), 2 * channels)
     grad_radial = grad_radial.index_add(1, rows, grad * rotated).view_as(radial)
     sides = scaled.split(channels, dim=2)
