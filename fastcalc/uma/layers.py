@@ -218,9 +218,8 @@ class SO2Convolution(nn.Module):
             (self.extra, self.m0.weight.shape[0] - self.extra), dim=1
         )
         out = [m0.unflatten(1, (-1, self.out_channels))]
-        for block, layer in zip(blocks[1:], self.orders):
-            pair = block.unflatten(1, (2, -1)).flatten(2).flatten(1)
-            out.append(layer(pair).unflatten(1, (-1, self.out_channels)))
+        for block, layer in zip(blocks[1:], self.orders):  # [+m components, -m components]
+            out.append(layer(block.flatten(1)).unflatten(1, (-1, self.out_channels)))
         return torch.cat(out, dim=1), gates
 
 
