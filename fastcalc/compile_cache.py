@@ -13,10 +13,9 @@ Entries are named by a :class:`CacheKey`: the model's content (a digest of its w
 and hyper-parameters, not its file name), fastcalc's, torch's and triton's versions, a
 digest of fastcalc's own source (so that code changed under one version number, as in a
 development install, compiles afresh), the device, and the dtype, precision and compile
-mode. An entry is written to a temporary
-file and renamed into place, so two processes filling it at once both succeed and no
-reader sees half a file; an entry that cannot be read or does not match its key is
-reported in one warning, removed and written again.
+mode. An entry is written to a temporary file and renamed into place, so two processes
+filling it at once both succeed and no reader sees half a file; an entry that cannot be
+read or does not match its key is reported in one warning, removed and written again.
 
 The folder is ``$FASTCALC_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastcalc``, else
 ``~/.cache/fastcalc``.
