@@ -8,6 +8,7 @@ synchronisations one call makes (torch.profiler). Same models as ``fastcalc benc
 
     python benchmarks/profile_phases.py pet --device cuda --sizes 64 1008
     python benchmarks/profile_phases.py uma --device cuda --sizes 108 1008
+    python benchmarks/profile_phases.py uma --kernels --precision tf32 --sizes 1008
 """
 
 from __future__ import annotations
@@ -140,12 +141,13 @@ def profile(calc: Calculator, timer: PhaseTimer, natoms: int, calls: int) -> Non
     print(events.table(sort_by="self_cpu_time_total", row_limit=18))
 
 
-def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
+def pet(device: str, mode: str | None, precision: str) -> tuple[Calculator, PhaseTimer]:
     import fastcalc.pet.calculator as module
 
     path = Path(tempfile.mkdtemp()) / "pet-s.pt"
     export_pet(PET_S, path)
-    calc = module.CompiledPETCalculator(path, device=device, compile_mode=mode)
+    calc = module.CompiledPETCalculator(path, device=device, compile_mode=mode,
+                                        precision=precision)
     timer = PhaseTimer()
     timer.patch(calc.neighbors, "candidates", "neighbors")
     timer.patch(calc, "_prepare", "prepare (per search)")
@@ -165,14 +167,15 @@ def pet(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
     return calc, timer
 
 
-def uma(device: str, mode: str | None) -> tuple[Calculator, PhaseTimer]:
+def uma(device: str, mode: str | None, precision: str) -> tuple[Calculator, PhaseTimer]:
     import fastcalc.neighbors as neighbors
     import fastcalc.uma.calculator as module
 
     path = Path(tempfile.mkdtemp()) / "uma-s.pt"
     build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
     calc = module.BucketedCalculator(
-        path, task_name="omat", device=device, compile_mode=mode or "reduce-overhead"
+        path, task_name="omat", device=device, compile_mode=mode or "reduce-overhead",
+        precision=precision,
     )
     timer = PhaseTimer()
     timer.patch(calc.neighbors, "candidates", "neighbors")
@@ -192,10 +195,11 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 1008])
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--kernels", action="store_true", help="list device kernels instead")
+    parser.add_argument("--precision", choices=("float32", "tf32"), default="float32")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     mode = "default" if args.kernels else None
-    calc, timer = (pet if args.model == "pet" else uma)(args.device, mode)
+    calc, timer = (pet if args.model == "pet" else uma)(args.device, mode, args.precision)
     for natoms in args.sizes:
         if args.kernels:
             kernels(calc, natoms)
