@@ -78,12 +78,16 @@ def kernels(calc: Calculator, natoms: int) -> None:
     atoms = copper(natoms)
     for _ in range(3):
         _call(calc, atoms)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     with torch.profiler.profile() as prof:
         for _ in range(3):
             _call(calc, atoms)
     events = prof.key_averages()
     table = events.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
     print(f"\n== {natoms} atoms, kernels of 3 calls\n{table}")
+    if torch.cuda.is_available():
+        print(f"peak memory allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     print(kernel_summary(events, calls=3))
 
 
