@@ -157,17 +157,7 @@ def pet(device: str, mode: str | None, precision: str) -> tuple[Calculator, Phas
     timer.patch(calc, "_prepare", "prepare (per search)")
     for name in ("graph_inputs", "apply_reference"):
         timer.patch(module, name)
-    evaluate = calc.evaluate
-
-    def first_then_wrap(*args):
-        out = evaluate(*args)
-        if not hasattr(calc._graph, "_timed"):
-            graph = calc._graph
-            calc._graph = timer.wrap("graph", graph)
-            calc._graph._timed = True
-        return out
-
-    calc.evaluate = first_then_wrap
+    calc._runner = timer.wrap("graph", calc._runner)
     return calc, timer
 
 
@@ -188,7 +178,7 @@ def uma(device: str, mode: str | None, precision: str) -> tuple[Calculator, Phas
         timer.patch(module, name)
     timer.patch(calc.core, "prepare")
     timer.patch(calc.core, "outputs")
-    calc._graphs = timer.wrap("graph", calc._graphs)
+    calc._runner = timer.wrap("graph", calc._runner)
     return calc, timer
 
 
