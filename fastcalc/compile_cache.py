@@ -4,7 +4,8 @@ The first process that compiles a model's function stores it compiled ahead of t
 (:class:`fastcalc.saved_graph.SavedGraph`: the traced graph's code, the model tensors it
 reads, and torch's ``aot_compile`` artifact of dynamo's and inductor's output), together
 with torch's compile artifacts of that compilation (``torch.compiler.save_cache_artifacts``:
-inductor's code and its compiled kernels). A later process on a machine with the same
+inductor's code and its compiled kernels) and the Triton kernels its compilation and first
+call made (:mod:`fastcalc.triton_bundle`). A later process on a machine with the same
 software and device loads both and calls the compiled code without tracing or compiling.
 This works across machines that share the folder (a job array over nodes), where
 torch's own caches in ``/tmp`` do not.
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import triton_bundle
 from .saved_graph import LoadedGraph, SavedGraph
 
 __all__ = ["CACHE_ENV", "CacheKey", "CompileCache", "default_cache_dir", "tensors_digest"]
@@ -173,18 +175,22 @@ class CompileCache:
         """Where the entry of ``key`` lives."""
         return self.folder / key.name
 
-    def load(self, key: CacheKey, owner: nn.Module | None) -> LoadedGraph | None:
+    def load(
+        self, key: CacheKey, owner: nn.Module | None, kernels: Path | None = None
+    ) -> LoadedGraph | None:
         """The stored graph of ``key`` bound to the tensors of ``owner`` (the model), or
-        None if there is none. An unusable entry is reported in one warning and removed."""
+        None if there is none; its Triton kernels go into the Triton cache folder
+        ``kernels`` where missing. An unusable entry is reported in one warning and removed."""
         path = self.path(key)
         if not path.exists():
             return None
         try:
-            stored_key, saved, artifacts = _read(path)
+            stored_key, saved, artifacts, triton = _read(path)
             if stored_key != asdict(key):
                 raise ValueError("its key does not match")
             if artifacts:
                 torch.compiler.load_cache_artifacts(artifacts)
+            triton_bundle.unpack(kernels, triton)
             return LoadedGraph.load(saved, owner)
         except Exception as error:  # any damage: report, drop, compile again
             warnings.warn(
@@ -196,18 +202,21 @@ class CompileCache:
             path.unlink(missing_ok=True)
             return None
 
-    def store(self, key: CacheKey, saved: SavedGraph) -> Path | None:
-        """Write ``saved`` and what torch compiled in this process as the entry of ``key``
-        (atomically: a temporary file renamed into place); None when the folder cannot
-        be written (reported in one warning: the model runs regardless)."""
+    def store(self, key: CacheKey, saved: SavedGraph, triton: bytes = b"") -> Path | None:
+        """Write ``saved``, what torch compiled in this process and ``triton`` (its Triton
+        kernels, :func:`fastcalc.triton_bundle.pack`) as the entry of ``key`` (atomically:
+        a temporary file renamed into place); None when the folder cannot be written
+        (reported in one warning: the model runs regardless)."""
         artifacts = torch.compiler.save_cache_artifacts()
-        payload = saved.compiled + (artifacts[0] if artifacts is not None else b"")
+        artifacts = artifacts[0] if artifacts is not None else b""
+        payload = saved.compiled + artifacts + triton
         header = json.dumps({
             "key": asdict(key),
             "sha256": hashlib.sha256(saved.source.encode() + payload).hexdigest(),
             "source": saved.source,
             "attributes": saved.attributes,
             "compiled_bytes": len(saved.compiled),
+            "artifacts_bytes": len(artifacts),
         }).encode()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -248,9 +257,9 @@ class CompileCache:
         return len(paths)
 
 
-def _read(path: Path) -> tuple[dict, SavedGraph, bytes]:
-    """The key, saved graph and torch compile artifacts of an entry file; ValueError if
-    it is damaged."""
+def _read(path: Path) -> tuple[dict, SavedGraph, bytes, bytes]:
+    """The key, saved graph, torch compile artifacts and Triton kernels of an entry file;
+    ValueError if it is damaged."""
     data = path.read_bytes()
     if not data.startswith(_MAGIC):
         raise ValueError("not a fastcalc compile cache file")
@@ -258,6 +267,6 @@ def _read(path: Path) -> tuple[dict, SavedGraph, bytes]:
     meta = json.loads(header)
     if hashlib.sha256(meta["source"].encode() + payload).hexdigest() != meta["sha256"]:
         raise ValueError("its contents do not match their checksum")
-    size = meta["compiled_bytes"]
+    size, artifacts = meta["compiled_bytes"], meta["artifacts_bytes"]
     saved = SavedGraph(meta["source"], meta["attributes"], payload[:size])
-    return meta["key"], saved, payload[size:]
+    return meta["key"], saved, payload[size:size + artifacts], payload[size + artifacts:]

@@ -35,7 +35,8 @@ from tqdm.auto import tqdm
 from torch import nn
 
 from .compile_cache import CacheKey, CompileCache
-from .saved_graph import COMPILE_OPTIONS, GuardsRefused, LoadedGraph, compile_ahead
+from . import triton_bundle
+from .saved_graph import COMPILE_OPTIONS, GuardsRefused, LoadedGraph, SavedGraph, compile_ahead
 
 __all__ = [
     "COMPILE_MODES",
@@ -315,25 +316,31 @@ class GraphRunner:
             return outputs
 
     def _first_call(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """Load the stored graph, or trace and compile (storing the result), then call."""
+        """Load the stored graph, or trace and compile, call, and store the graph with the
+        Triton kernels its compilation and first call made (:mod:`fastcalc.triton_bundle`)."""
         start = time.perf_counter()
         key = self.key() if self.key is not None else None
-        loaded = self.cache.load(key, self.owner) if key is not None else None
+        kernels = triton_bundle.cache_folder(inputs[0].device)
+        kernels_before = triton_bundle.listing(kernels)
+        loaded = self.cache.load(key, self.owner, kernels) if key is not None else None
         found = time.perf_counter()
         self._from_cache = loaded is not None
+        saved = None
         if loaded is not None:
             run = _LoadedOrCompiled(loaded, self.fn)
             traced = found
         else:
             graph = trace(self.fn, inputs)
             traced = time.perf_counter()
-            run = self._compile(graph, inputs, key)
+            run, saved = self._compile(graph, inputs, key)
         self._run = CapturedGraphs(run) if self.mode == "reduce-overhead" else run
         before = compiled_graphs()
         compiles = isinstance(run, CompiledGraph)  # at its first call
         with _elapsed(f"fastcalc: {'compiling' if compiles else 'running'} the model"):
             outputs = self._run(*inputs)
         self._compilations += compiled_graphs() - before
+        if saved is not None:
+            self.cache.store(key, saved, triton_bundle.pack(kernels, kernels_before))
         _log.info(
             "fastcalc: first compiled call %.1f s: disk cache %.1f s (%s), tracing %.1f s, "
             "compiling and running %.1f s",
@@ -346,11 +353,12 @@ class GraphRunner:
 
     def _compile(
         self, graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], key: CacheKey | None
-    ) -> Callable[..., tuple[torch.Tensor, ...]]:
-        """``graph`` compiled with dynamic shapes; with a cache key, ahead of time and stored
-        (or, where that fails, reported in one warning and compiled as without a cache)."""
+    ) -> tuple[Callable[..., tuple[torch.Tensor, ...]], SavedGraph | None]:
+        """``graph`` compiled with dynamic shapes; with a cache key, ahead of time, with what
+        to store (or, where that fails, reported in one warning and compiled as without a
+        cache)."""
         if key is None:
-            return CompiledGraph(graph)
+            return CompiledGraph(graph), None
         try:
             with _elapsed("fastcalc: compiling the model (stored for later processes)"):
                 before = compiled_graphs()
@@ -362,9 +370,8 @@ class GraphRunner:
                 "compiling it for this process only",
                 stacklevel=4,
             )
-            return CompiledGraph(graph)
-        self.cache.store(key, saved)
-        return _LoadedOrCompiled(loaded, self.fn)
+            return CompiledGraph(graph), None
+        return _LoadedOrCompiled(loaded, self.fn), saved
 
     def __getstate__(self) -> dict:
         return {

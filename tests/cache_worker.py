@@ -1,6 +1,7 @@
 """One process of the CUDA disk-cache tests: the calculator of model file ``sys.argv[1]``
 (UMA task ``sys.argv[3]`` if given) on CUDA with the disk cache in ``sys.argv[2]``
-evaluates one rattled copper cell and prints results, stats and seconds as JSON."""
+evaluates one rattled copper cell and prints results, stats, seconds and the kernel
+folders in its Triton cache (``TRITON_CACHE_DIR``) as JSON."""
 
 import json
 import os
@@ -31,6 +32,7 @@ if __name__ == "__main__":
     print(json.dumps({
         "energy": float(energy), "forces": forces.tolist(), "stress": stress.tolist(),
         "stats": calc.compile_stats, "seconds": time.perf_counter() - start,
+        "kernels": sorted(os.listdir(os.environ["TRITON_CACHE_DIR"])),
     }))
 
 

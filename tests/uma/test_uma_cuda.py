@@ -193,11 +193,13 @@ def test_evaluate_many_on_cuda_matches_one_at_a_time(calculators):
 def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(uma_checkpoints,
                                                                        tmp_path, calculators):
     """Two fresh processes with empty torch caches share only fastcalc's disk cache: the
-    first compiles once and stores, the second loads the stored graph without compiling,
-    replays CUDA graphs and gives the same numbers."""
+    first compiles once and stores, the second loads the stored graph without compiling
+    (not even a Triton kernel: its Triton cache ends up with exactly the first's kernels,
+    carried by the entry), replays CUDA graphs and gives the same numbers."""
     runs = run_twice(uma_checkpoints["main"].path, tmp_path, task="omat")
     assert runs[0]["stats"]["from_cache"] == 0 and runs[0]["stats"]["compilations"] == 1
     assert runs[1]["stats"]["from_cache"] == 1 and runs[1]["stats"]["compilations"] == 0
+    assert runs[0]["kernels"] and runs[1]["kernels"] == runs[0]["kernels"]
     assert runs[1]["stats"]["cuda_graphs"] >= 1
     _, eager = calculators
     expected = results(eager, cached_cell())
