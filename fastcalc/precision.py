@@ -27,10 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = [
-    "PRECISIONS", "Linear", "check_precision", "linear", "matmul", "matmul_precision",
-    "network_tf32", "tf32_matmul",
-]
+__all__ = ["PRECISIONS", "Linear", "check_precision", "linear", "matmul", "matmul_precision"]
 
 #: ``precision`` values of fastcalc's calculators.
 PRECISIONS = ("float32", "tf32")
@@ -93,7 +90,7 @@ def matmul_precision(precision: str) -> Iterator[None]:
 
 
 @torch.library.custom_op("fastcalc::tf32_matmul", mutates_args=())
-def tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` on TF32 tensor cores (same leading dimensions, no broadcasting)."""
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
@@ -103,7 +100,7 @@ def tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         torch.set_float32_matmul_precision(previous)
 
 
-@tf32_matmul.register_fake
+@_tf32_matmul.register_fake
 def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty((*a.shape[:-1], b.shape[-1]))
 
@@ -117,31 +114,29 @@ def _backward(
     ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     a, b = ctx.saved_tensors
-    grad_a = tf32_matmul(grad, b.mT) if ctx.needs_input_grad[0] else None
-    grad_b = tf32_matmul(a.mT, grad) if ctx.needs_input_grad[1] else None
+    grad_a = _tf32_matmul(grad, b.mT) if ctx.needs_input_grad[0] else None
+    grad_b = _tf32_matmul(a.mT, grad) if ctx.needs_input_grad[1] else None
     return grad_a, grad_b
 
 
-tf32_matmul.register_autograd(_backward, setup_context=_setup_context)
+_tf32_matmul.register_autograd(_backward, setup_context=_setup_context)
 
 
-def network_tf32(x: torch.Tensor) -> bool:
-    """Whether a network layer's product on ``x`` runs on TF32 tensor cores: under
-    ``matmul_precision("tf32")``, on CUDA, in float32."""
+def _network_tf32(x: torch.Tensor) -> bool:
     return _NETWORK_TF32.get() and x.is_cuda and x.dtype == torch.float32
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for a network layer: TF32 under ``matmul_precision("tf32")`` on CUDA;
     ``a`` and ``b`` have the same leading (batch) dimensions."""
-    return tf32_matmul(a, b) if network_tf32(a) else torch.matmul(a, b)
+    return _tf32_matmul(a, b) if _network_tf32(a) else torch.matmul(a, b)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` for a network layer: TF32 under ``matmul_precision("tf32")`` on CUDA."""
-    if not network_tf32(x):
+    if not _network_tf32(x):
         return F.linear(x, weight, bias)
-    out = tf32_matmul(x.reshape(-1, x.shape[-1]), weight.t()).view(*x.shape[:-1], -1)
+    out = _tf32_matmul(x.reshape(-1, x.shape[-1]), weight.t()).view(*x.shape[:-1], -1)
     return out if bias is None else out + bias
 
 

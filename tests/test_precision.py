@@ -66,9 +66,9 @@ def test_the_tf32_product_has_the_derivatives_of_a_matrix_product():
     for a_shape, b_shape in [((5, 4), (4, 3)), ((2, 3, 5, 4), (2, 3, 4, 2))]:
         a = torch.randn(a_shape, dtype=torch.float64, generator=generator, requires_grad=True)
         b = torch.randn(b_shape, dtype=torch.float64, generator=generator, requires_grad=True)
-        torch.testing.assert_close(precision.tf32_matmul(a, b), a @ b)
-        assert torch.autograd.gradcheck(precision.tf32_matmul, (a, b))
-        assert torch.autograd.gradgradcheck(precision.tf32_matmul, (a, b))
+        torch.testing.assert_close(precision._tf32_matmul(a, b), a @ b)
+        assert torch.autograd.gradcheck(precision._tf32_matmul, (a, b))
+        assert torch.autograd.gradgradcheck(precision._tf32_matmul, (a, b))
 
 
 @pytest.mark.usefixtures("restore_flags")

@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from ..geometry import batch_energies_forces_stress, edge_vectors, energy_forces_stress
-from ..precision import network_tf32
 from .checkpoint import TaskSpec, UMACheckpoint
 from .edge_ops import edge_pairs, edge_rotations, edge_to_nodes, rotation_index
 from .experts import ExpertRouter, SystemEmbedding
@@ -46,7 +45,7 @@ from .layers import (
     SpectralFeedForward,
     mixed_linear,
 )
-from .radial import RadialNetworks, RadialOutput
+from .radial import RadialNetworks
 from .so3 import (
     WignerFromSamples,
     coefficient_degrees,
@@ -108,14 +107,13 @@ class EdgeFrames:
         x: torch.Tensor,
         neighbour: torch.Tensor,
         centre: torch.Tensor,
-        radial: RadialOutput,
+        radial: torch.Tensor,
         mmax: int,
     ) -> torch.Tensor:
         """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``
         (m up to ``mmax``), each component times its row of ``radial`` (E, rows * 2C; see
         :func:`fastcalc.uma.edge_ops.radial_rows`)."""
-        return edge_pairs(x, self.rotation, *radial, neighbour, centre, mmax,
-                          network_tf32(radial.hidden))
+        return edge_pairs(x, self.rotation, radial, neighbour, centre, mmax)
 
     def add_to_nodes(
         self, x: torch.Tensor, centre: torch.Tensor, messages: torch.Tensor
@@ -153,13 +151,13 @@ class _Block(nn.Module):
         self,
         x: torch.Tensor,
         system: torch.Tensor,
-        radial: RadialOutput,
+        radial: torch.Tensor,
         centre: torch.Tensor,
         neighbour: torch.Tensor,
         frames: EdgeFrames,
     ) -> torch.Tensor:
-        """Node features ``x`` after the layer; ``radial`` is the output of this layer's
-        radial network (see :class:`fastcalc.uma.radial.RadialNetworks`)."""
+        """Node features ``x`` after the layer; ``radial`` (E, ...) is the output of this
+        layer's radial network (see :class:`fastcalc.uma.radial.RadialNetworks`)."""
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
@@ -337,7 +335,7 @@ class UMACore(nn.Module):
         )
 
         edge_degree, *radial = self.radial(lengths, numbers[neighbour], numbers[centre])
-        x = self._initial_features(numbers, edge_degree.value(), centre, frames)
+        x = self._initial_features(numbers, edge_degree, centre, frames)
         for block, block_radial in zip(self.blocks, radial):
             x = block(x, self.system, block_radial, centre, neighbour, frames)
         x = self.final_norm(x)

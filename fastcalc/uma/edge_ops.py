@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx as Context
 
-from ..precision import tf32_matmul
 from .so3 import coefficient_degrees
 
 Grads = tuple[Tensor, Tensor, Tensor]
@@ -82,37 +81,20 @@ def radial_rows(lmax: int, mmax: int) -> list[int]:
 def edge_pairs(
     x: torch.Tensor,
     rotation: torch.Tensor,
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
+    radial: torch.Tensor,
     neighbour: torch.Tensor,
     centre: torch.Tensor,
     mmax: int,
-    tf32: bool,
 ) -> torch.Tensor:
     """Scaled edge-frame pairs (E, M, 2C): ``[R_e x[neighbour_e], R_e x[centre_e]]``,
-    each component times its row (:func:`radial_rows`) of the radial network's output
-    ``hidden @ weight.T + bias`` (E, rows * 2C), for node features ``x`` (N, K, C) and
-    rotations ``rotation`` (E, M, K). That output is made here and again in the backward
-    pass, which keeps ``hidden`` (E, H) instead of it; ``tf32``: its product on TF32
-    tensor cores. ``weight`` and ``bias`` get no gradient."""
-    radial = _radial(hidden, weight, bias, tf32)
-    if x.is_cuda:
-        from . import edge_kernels
-
-        return edge_kernels.pairs(x, rotation, radial, neighbour, centre, mmax)
+    each component times its row (:func:`radial_rows`) of ``radial`` (E, rows * 2C), for
+    node features ``x`` (N, K, C) and rotations ``rotation`` (E, M, K)."""
     pairs = torch.cat(
         (torch.bmm(rotation, x.index_select(0, neighbour)),
          torch.bmm(rotation, x.index_select(0, centre))),
         dim=2,
     )
     return pairs * _scales(radial, _rows(x, mmax), pairs.shape[2])
-
-
-def _radial(hidden: Tensor, weight: Tensor, bias: Tensor | None, tf32: bool) -> Tensor:
-    """The radial network's output: its last linear map of ``hidden``."""
-    product = tf32_matmul(hidden, weight.t()) if tf32 else hidden @ weight.t()
-    return product if bias is None else product + bias
 
 
 def _rows(x: torch.Tensor, mmax: int) -> torch.Tensor:
@@ -125,7 +107,9 @@ def _scales(radial: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tenso
 
 
 @edge_pairs.register_fake
-def _(x: Tensor, rotation: Tensor, *rest: Tensor | int | bool | None) -> Tensor:
+def _(
+    x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, mmax: int
+) -> Tensor:
     return x.new_empty(rotation.shape[0], rotation.shape[1], 2 * x.shape[2])
 
 
@@ -134,35 +118,12 @@ def edge_pairs_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
     rotation: torch.Tensor,
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
+    radial: torch.Tensor,
     neighbour: torch.Tensor,
     centre: torch.Tensor,
     mmax: int,
-    tf32: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`edge_pairs` in ``x``, ``rotation`` and ``hidden``."""
-    radial = _radial(hidden, weight, bias, tf32)
-    if x.is_cuda:
-        from . import edge_kernels
-
-        grad_x, grad_rotation, grad_radial = edge_kernels.pairs_backward(
-            grad, x, rotation, radial, neighbour, centre, mmax
-        )
-    else:
-        grad_x, grad_rotation, grad_radial = _pairs_backward(
-            grad, x, rotation, radial, neighbour, centre, mmax
-        )
-    grad_hidden = tf32_matmul(grad_radial, weight) if tf32 else grad_radial @ weight
-    return grad_x, grad_rotation, grad_hidden
-
-
-def _pairs_backward(
-    grad: Tensor, x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor,
-    centre: Tensor, mmax: int,
-) -> Grads:
-    """Gradients of the scaled pairs in ``x``, ``rotation`` and ``radial`` (torch code)."""
+    """Gradients of :func:`edge_pairs` in ``x``, ``rotation`` and ``radial``."""
     channels = x.shape[2]
     gathered = (x.index_select(0, neighbour), x.index_select(0, centre))
     rotated = torch.cat([torch.bmm(rotation, part) for part in gathered], dim=2)
@@ -179,21 +140,21 @@ def _pairs_backward(
 
 
 @edge_pairs_backward.register_fake
-def _(grad: Tensor, x: Tensor, rotation: Tensor, hidden: Tensor, *rest: Tensor | int | None) -> Grads:
-    return torch.empty_like(x), torch.empty_like(rotation), torch.empty_like(hidden)
+def _(grad: Tensor, x: Tensor, rotation: Tensor, radial: Tensor, *indices: Tensor | int) -> Grads:
+    return torch.empty_like(x), torch.empty_like(rotation), torch.empty_like(radial)
 
 
 def _pairs_setup(ctx: Context, inputs: tuple, output: torch.Tensor) -> None:
-    *tensors, ctx.mmax, ctx.tf32 = inputs
+    *tensors, ctx.mmax = inputs
     ctx.save_for_backward(*tensors)
 
 
-def _pairs_backward_node(ctx: Context, grad: torch.Tensor) -> tuple:
-    grads = edge_pairs_backward(grad.contiguous(), *ctx.saved_tensors, ctx.mmax, ctx.tf32)
-    return (*grads, None, None, None, None, None, None)
+def _pairs_backward(ctx: Context, grad: torch.Tensor) -> tuple:
+    grads = edge_pairs_backward(grad.contiguous(), *ctx.saved_tensors, ctx.mmax)
+    return (*grads, None, None, None)
 
 
-edge_pairs.register_autograd(_pairs_backward_node, setup_context=_pairs_setup)
+edge_pairs.register_autograd(_pairs_backward, setup_context=_pairs_setup)
 
 
 # ---------------------------------------------------------------- edges to nodes
@@ -254,6 +215,20 @@ edge_to_nodes.register_autograd(_nodes_backward, setup_context=_nodes_setup)
 
 
 # ---------------------------------------------------------------- CUDA kernels
+@edge_pairs.register_kernel("cuda")
+def _(*args: Tensor | int) -> Tensor:
+    from . import edge_kernels
+
+    return edge_kernels.pairs(*args)
+
+
+@edge_pairs_backward.register_kernel("cuda")
+def _(*args: Tensor | int) -> Grads:
+    from . import edge_kernels
+
+    return edge_kernels.pairs_backward(*args)
+
+
 @edge_to_nodes.register_kernel("cuda")
 def _(*args: Tensor) -> Tensor:
     from . import edge_kernels

@@ -12,17 +12,10 @@ element and the target embedding of the centre's element. That map is split by i
   (B, networks * hidden) product forward and one backward, instead of one
   (E, B + 2 * embedding) product per network each way.
 
-The rest of each network (LayerNorm, SiLU, Linear, repeated) runs on its slice, up to
-its last linear map: each network's output is a :class:`RadialOutput`, that map's input
-and parameters, applied where the output is used. The first convolutions apply it inside
-:func:`fastcalc.uma.edge_ops.edge_pairs`, which applies it again in its backward pass
-instead of keeping the (E, rows * 2C) output of every layer until then (1.8 GiB of the
-UMA-S-shaped model at 1008 atoms, for a (E, H) x (H, rows * 2C) product per layer).
+The rest of each network (LayerNorm, SiLU, Linear, repeated) runs on its slice.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -49,18 +42,6 @@ def radial_tail(weights: Weights, prefix: str) -> nn.Sequential:
                 norm.bias.copy_(weights[f"{prefix}{index}.bias"])
             layers += [norm.requires_grad_(False), nn.SiLU()]
     return nn.Sequential(*layers)
-
-
-class RadialOutput(NamedTuple):
-    """A radial network's output ``hidden @ weight.T + bias``, not yet computed."""
-
-    hidden: torch.Tensor  # (E, H): the input of the network's last linear map
-    weight: torch.Tensor  # (out, H)
-    bias: torch.Tensor | None  # (out,)
-
-    def value(self) -> torch.Tensor:
-        """The output (E, out)."""
-        return linear(self.hidden, self.weight, self.bias)
 
 
 class RadialNetworks(nn.Module):
@@ -99,16 +80,13 @@ class RadialNetworks(nn.Module):
 
     def forward(
         self, lengths: torch.Tensor, source: torch.Tensor, target: torch.Tensor
-    ) -> list[RadialOutput]:
-        """Each network's output for edges of ``lengths`` (E,) between atoms of atomic
-        numbers ``source`` (E,) (the neighbour) and ``target`` (E,) (the centre)."""
+    ) -> list[torch.Tensor]:
+        """Each network's output (E, out) for edges of ``lengths`` (E,) between atoms of
+        atomic numbers ``source`` (E,) (the neighbour) and ``target`` (E,) (the centre)."""
         gaussians = torch.exp(self.coefficient * (lengths.unsqueeze(-1) - self.offsets) ** 2)
         hidden = (
             linear(gaussians, self.basis_weight)
             + self.source_table[source]
             + self.target_table[target]
         )
-        return [
-            RadialOutput(tail[:-1](part), tail[-1].weight, tail[-1].bias)
-            for tail, part in zip(self.tails, hidden.split(self.hidden_sizes, dim=1))
-        ]
+        return [tail(part) for tail, part in zip(self.tails, hidden.split(self.hidden_sizes, dim=1))]

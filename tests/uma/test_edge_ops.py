@@ -26,8 +26,7 @@ LAYOUTS = [(2, 2, 5), (3, 1, 4)]
 
 
 def operands(lmax: int, mmax: int, channels: int, device: str = "cpu", dtype=torch.float64):
-    """Random node features, rotations, radial networks' last layers (their hidden
-    activations, weight and bias), messages, envelope and edges."""
+    """Random node features, rotations, radial scales, messages, envelope and edges."""
     gen = torch.Generator().manual_seed(lmax * 10 + mmax)
     atoms, edges, k, m = 5, 13, (lmax + 1) ** 2, len(m_major_order(lmax, mmax))
     rows = radial_rows(lmax, mmax)
@@ -38,9 +37,7 @@ def operands(lmax: int, mmax: int, channels: int, device: str = "cpu", dtype=tor
     return dict(
         x=rand(atoms, k, channels),
         rotation=rand(edges, m, k),
-        hidden=rand(edges, 6),
-        weight=rand((max(rows) + 1) * 2 * channels, 6),
-        bias=rand((max(rows) + 1) * 2 * channels),
+        radial=rand(edges, (max(rows) + 1) * 2 * channels),
         messages=rand(edges, m, channels),
         envelope=rand(edges).abs(),
         neighbour=torch.randint(atoms, (edges,), generator=gen).to(device),
@@ -49,9 +46,8 @@ def operands(lmax: int, mmax: int, channels: int, device: str = "cpu", dtype=tor
     )
 
 
-def pairs_of(o: dict, x, rotation, hidden):
-    return edge_pairs(x, rotation, hidden, o["weight"], o["bias"], o["neighbour"], o["centre"],
-                      o["mmax"], False)
+def pairs_of(o: dict, x, rotation, radial):
+    return edge_pairs(x, rotation, radial, o["neighbour"], o["centre"], o["mmax"])
 
 
 def nodes_of(o: dict, x, messages, rotation, envelope):
@@ -68,7 +64,7 @@ def test_radial_rows_follow_the_layout_of_the_radial_networks():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_edge_pairs_gradients_match_finite_differences(layout):
     o = operands(*layout)
-    inputs = [o[name].requires_grad_() for name in ("x", "rotation", "hidden")]
+    inputs = [o[name].requires_grad_() for name in ("x", "rotation", "radial")]
     assert torch.autograd.gradcheck(lambda *args: pairs_of(o, *args), inputs)
 
 
@@ -81,16 +77,15 @@ def test_edge_to_nodes_gradients_match_finite_differences(layout):
 
 def test_pairs_with_selecting_rotations_are_the_gathered_features_scaled():
     """Rotations that pick component ``order[i]`` give both atoms' features in the
-    edge-frame order, each component times its row of the radial network's output."""
+    edge-frame order, each component times its radial row."""
     lmax, mmax, channels = 3, 1, 4
     o = operands(lmax, mmax, channels)
     order = m_major_order(lmax, mmax)
     picks = torch.zeros_like(o["rotation"])
     picks[:, range(len(order)), order] = 1.0
-    radial = o["hidden"] @ o["weight"].T + o["bias"]
-    scales = radial.view(len(picks), -1, 2 * channels)[:, radial_rows(lmax, mmax)]
+    scales = o["radial"].view(len(picks), -1, 2 * channels)[:, radial_rows(lmax, mmax)]
     expected = torch.cat((o["x"][o["neighbour"]][:, order], o["x"][o["centre"]][:, order]), dim=2)
-    torch.testing.assert_close(pairs_of(o, o["x"], picks, o["hidden"]), expected * scales)
+    torch.testing.assert_close(pairs_of(o, o["x"], picks, o["radial"]), expected * scales)
 
 
 def test_edge_to_nodes_adds_the_back_rotated_messages_to_the_centre_atoms():
@@ -115,12 +110,11 @@ def test_triton_kernels_match_the_torch_code(layout, dtype):
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
 
     def outputs(o):
-        pairs = pairs_of(o, o["x"], o["rotation"], o["hidden"])
+        pairs = pairs_of(o, o["x"], o["rotation"], o["radial"])
         grad_pairs = torch.ones_like(pairs).cumsum(2).sin()
         nodes = nodes_of(o, o["x"], o["messages"], o["rotation"], o["envelope"])
         backward = edge_pairs_backward(
-            grad_pairs, o["x"], o["rotation"], o["hidden"], o["weight"], o["bias"],
-            o["neighbour"], o["centre"], o["mmax"], False,
+            grad_pairs, o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], o["mmax"]
         )
         nodes_backward = edge_to_nodes_backward(
             nodes.cos(), o["messages"], o["rotation"], o["envelope"], o["centre"]
