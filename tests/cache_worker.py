@@ -1,7 +1,7 @@
 """One process of the CUDA disk-cache tests: the calculator of model file ``sys.argv[1]``
 (UMA task ``sys.argv[3]`` if given) on CUDA with the disk cache in ``sys.argv[2]``
 evaluates one rattled copper cell and prints results, stats, seconds and the kernel
-folders in its Triton cache (``TRITON_CACHE_DIR``) as JSON."""
+folders in its Triton cache (``TRITON_CACHE_DIR``, with their files) as JSON."""
 
 import json
 import os
@@ -22,6 +22,11 @@ def cached_cell() -> Atoms:
     return atoms
 
 
+def kernel_folders(folder: str) -> dict[str, list[str]]:
+    """Triton's kernel folders in ``folder``: their names and the files in each."""
+    return {name: sorted(os.listdir(os.path.join(folder, name))) for name in os.listdir(folder)}
+
+
 if __name__ == "__main__":
     start = time.perf_counter()
     task = sys.argv[3] if len(sys.argv) > 3 else None
@@ -32,7 +37,7 @@ if __name__ == "__main__":
     print(json.dumps({
         "energy": float(energy), "forces": forces.tolist(), "stress": stress.tolist(),
         "stats": calc.compile_stats, "seconds": time.perf_counter() - start,
-        "kernels": sorted(os.listdir(os.environ["TRITON_CACHE_DIR"])),
+        "kernels": kernel_folders(os.environ["TRITON_CACHE_DIR"]),
     }))
 
 
