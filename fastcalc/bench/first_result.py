@@ -10,7 +10,9 @@ then ``warm`` with torch's caches as its cold run left them (metatomic compiles
 nothing; fairchem's preset compiles).
 
 Each record splits the time into ``import_s`` (from the process's start to its imports
-done), ``build_s`` (the calculator) and ``call_s`` (the first energy, forces and stress).
+done), ``build_s`` (the calculator) and ``call_s`` (reading the structure and the first
+energy, forces and stress). Each process is the script ``first_result_process.py``, run
+by path: it imports what a user's script imports and not this package.
 All processes share one Python bytecode cache (``PYTHONPYCACHEPREFIX``), filled by an
 untimed process that imports what they import, as ``pip install`` leaves bytecode behind:
 without it, an image that sets ``PYTHONDONTWRITEBYTECODE`` (the H200 image does) or a
@@ -19,9 +21,7 @@ read-only environment compiles torch's sources again in every process, about 9 s
 
 from __future__ import annotations
 
-import importlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -29,6 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import ase.io
+
+from .first_result_process import UPSTREAM_PACKAGES
 from .timing import copper, device_name, today
 
 __all__ = ["FirstResultRecord", "time_first_results"]
@@ -51,8 +54,8 @@ class FirstResultRecord:
     call_s: float
 
 
-#: The package each upstream calculator imports (timed with the imports, cached untimed).
-_UPSTREAM_PACKAGES = {"metatomic": "metatomic.torch", "fairchem": "fairchem.core"}
+#: The script each timed process runs (see the module docstring).
+PROCESS = Path(__file__).with_name("first_result_process.py")
 
 #: Modules the first call imports when it loads or compiles a model (beyond the worker's).
 _LAZY_IMPORTS = (
@@ -78,20 +81,21 @@ def _environment(folder: Path, torch_caches: str, fastcalc_cache: str) -> dict[s
 def _fill_bytecode_cache(env: dict[str, str], upstream: list[str]) -> None:
     """Import, untimed, what the timed processes import (``upstream``: the packages of the
     upstream calculators timed), so that their bytecode is cached (module docstring)."""
-    modules = ["fastcalc.models", "fastcalc.bench.first_result", *_LAZY_IMPORTS, *upstream]
+    modules = ["fastcalc.models", "fastcalc.bench.upstream", "ase.io", *_LAZY_IMPORTS, *upstream]
     code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
     subprocess.run([sys.executable, "-c", code, *modules], env=env, check=True,
                    capture_output=True)
 
 
 def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
-    """Seconds from starting ``python -m fastcalc.bench.first_result ARGS`` to the moment
-    it reports its first result (``first_result_s``) and its phases (``import_s``,
-    ``build_s``, ``call_s``); prints what fastcalc logged of its first call."""
+    """Seconds from starting :data:`PROCESS` with ``ARGS`` to the moment it reports its
+    first result (``first_result_s``) and its phases (``import_s``, ``build_s``,
+    ``call_s``), less the time it spent importing fastcalc's helper for an upstream
+    calculator; prints what fastcalc logged of its first call."""
     start = time.time()
     done = subprocess.run(
-        [sys.executable, "-m", "fastcalc.bench.first_result", *args],
-        env=env, capture_output=True, text=True, check=False,
+        [sys.executable, str(PROCESS), *args], env=env, capture_output=True, text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise RuntimeError(f"first-result process {args} failed:\n{done.stderr[-3000:]}")
@@ -99,10 +103,11 @@ def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
         if line.startswith("fastcalc: first compiled call"):
             print(f"{args[0]} {args[1]}: {line}", flush=True)
     times = json.loads(done.stdout.strip().splitlines()[-1])
+    harness = times["harness_s"]
     return {
-        "first_result_s": times["done_at"] - start,
+        "first_result_s": times["done_at"] - start - harness,
         "import_s": times["imported_at"] - start,
-        "build_s": times["built_at"] - times["imported_at"],
+        "build_s": times["built_at"] - times["imported_at"] - harness,
         "call_s": times["done_at"] - times["built_at"],
     }
 
@@ -124,44 +129,14 @@ def time_first_results(
         else:  # warm: torch's caches as the cold run left them
             environments = [_environment(folder, "torch-3", "unused")] * 2
         runs += [(impl, "cold", environments[0]), (impl, "warm", environments[1])]
-    _fill_bytecode_cache(runs[0][2], [_UPSTREAM_PACKAGES[i] for i in impls if i != "fastcalc"])
+    _fill_bytecode_cache(runs[0][2], [UPSTREAM_PACKAGES[i] for i in impls if i != "fastcalc"])
+    structure = folder / f"copper-{natoms}.traj"
+    ase.io.write(structure, copper(natoms))
     return [
         FirstResultRecord(
             date=today(), gpu=device_name(), torch=torch.__version__, model=model, impl=impl,
             cache=cache, natoms=natoms,
-            **_one_process([family, impl, str(path), device, str(natoms)], env),
+            **_one_process([family, impl, str(path), device, str(structure)], env),
         )
         for impl, cache, env in runs
     ]
-
-
-def _first_result(family: str, impl: str, path: str, device: str, natoms: int) -> None:
-    """Build the calculator, evaluate energy, forces and stress once, report the time;
-    fastcalc's log of where the first call's time went goes to standard error."""
-    logging.basicConfig(format="%(message)s")
-    logging.getLogger("fastcalc").setLevel(logging.INFO)
-    from .upstream import fairchem_preset_calculator, metatomic_calculator
-
-    if impl == "fastcalc":
-        from ..models import load_calculator
-
-        imported_at = time.time()
-        calculator = load_calculator(path, task="omat" if family == "uma" else None,
-                                     device=device)
-    else:
-        importlib.import_module(_UPSTREAM_PACKAGES[impl])  # timed as imports, not building
-        imported_at = time.time()
-        calculator = (metatomic_calculator(Path(path), device) if impl == "metatomic"
-                      else fairchem_preset_calculator(Path(path), "omat", device))
-    built_at = time.time()
-    atoms = copper(natoms)
-    atoms.calc = calculator
-    atoms.get_potential_energy()
-    atoms.get_forces()
-    atoms.get_stress()
-    print(json.dumps({"imported_at": imported_at, "built_at": built_at, "done_at": time.time()}))
-
-
-if __name__ == "__main__":
-    family, impl, path, device, natoms = sys.argv[1:]
-    _first_result(family, impl, path, device, int(natoms))
