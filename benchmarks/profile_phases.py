@@ -9,6 +9,7 @@ synchronisations one call makes (torch.profiler). Same models as ``fastcalc benc
     python benchmarks/profile_phases.py pet --device cuda --sizes 64 1008
     python benchmarks/profile_phases.py uma --device cuda --sizes 108 1008
     python benchmarks/profile_phases.py uma --kernels --precision tf32 --sizes 1008
+    python benchmarks/profile_phases.py uma --kernels --sizes 1008 --snapshot uma.pickle
 """
 
 from __future__ import annotations
@@ -73,11 +74,18 @@ def _call(calc: Calculator, atoms) -> float:
     return time.perf_counter() - start
 
 
-def kernels(calc: Calculator, natoms: int) -> None:
-    """The device kernels of one call (run without CUDA graphs so they are visible)."""
+def kernels(calc: Calculator, natoms: int, snapshot: Path | None = None) -> None:
+    """The device kernels of one call (run without CUDA graphs so they are visible);
+    with ``snapshot``, torch's memory snapshot of one more call written there (its
+    allocations, with the Python frames that made them: view it at pytorch.org/memory_viz)."""
     atoms = copper(natoms)
     for _ in range(3):
         _call(calc, atoms)
+    if snapshot is not None:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+        _call(calc, atoms)
+        torch.cuda.memory._dump_snapshot(str(snapshot))
+        torch.cuda.memory._record_memory_history(enabled=None)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     with torch.profiler.profile() as prof:
@@ -190,13 +198,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--kernels", action="store_true", help="list device kernels instead")
     parser.add_argument("--precision", choices=("float32", "tf32"), default="float32")
+    parser.add_argument("--snapshot", type=Path, metavar="FILE",
+                        help="with --kernels: write a CUDA memory snapshot of one call")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     mode = "default" if args.kernels else None
     calc, timer = (pet if args.model == "pet" else uma)(args.device, mode, args.precision)
     for natoms in args.sizes:
         if args.kernels:
-            kernels(calc, natoms)
+            kernels(calc, natoms, args.snapshot)
         else:
             profile(calc, timer, natoms, args.calls)
 
