@@ -320,7 +320,7 @@ class GraphRunner:
         Triton kernels its compilation and first call made (:mod:`fastcalc.triton_bundle`)."""
         start = time.perf_counter()
         key = self.key() if self.key is not None else None
-        kernels = triton_bundle.cache_folder(inputs[0].device)
+        kernels = triton_bundle.cache_folder(inputs[0].device) if key is not None else None
         kernels_before = triton_bundle.listing(kernels)
         loaded = self.cache.load(key, self.owner, kernels) if key is not None else None
         found = time.perf_counter()

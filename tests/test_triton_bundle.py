@@ -1,6 +1,6 @@
 """Triton kernels carried in a compile cache entry: the kernel folders a compilation added
 to Triton's cache are stored with the entry and put back, where missing, by a process
-that loads it (on CUDA, ``tests/uma/test_uma_cuda.py`` checks that such a process
+that loads it (on CUDA, ``tests/pet/test_pet_cuda.py`` checks that such a process
 compiles no Triton kernel)."""
 
 from __future__ import annotations
