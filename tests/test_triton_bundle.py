@@ -6,7 +6,9 @@ compiles no Triton kernel)."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
+import pytest
 import torch
 from test_tracing import crystal, graph_inputs, morse_efs
 
@@ -45,6 +47,29 @@ def test_unpack_keeps_kernel_folders_already_there(tmp_path):
     assert (other / "A" / "kernel.cubin").read_bytes() == b"compiled here"
     assert (other / "B" / "kernel.cubin").read_bytes() == b"from the entry"
     assert sorted(p.name for p in other.iterdir()) == ["A", "B"]  # no staging left behind
+
+
+def test_a_kernel_put_back_in_another_cache_folder_is_a_hit_for_triton(tmp_path, monkeypatch):
+    """Triton's own cache manager writes a kernel as a compilation does (each stage, the
+    metadata and a group file naming them by path); the packed folder, put back in another
+    node's cache folder with the first one gone, is found by Triton's cache manager there,
+    with its metadata and binary (the other stages are not carried)."""
+    cache = pytest.importorskip("triton.runtime.cache")
+    stages = {"source": "def k(): pass", "ttir": "module {}", "ptx": ".version 8.0",
+              "cubin": b"\x7fELF binary", "json": '{"name": "k"}'}
+    first, second = tmp_path / "first", tmp_path / "second"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(first))
+    manager = cache.FileCacheManager("KEY")
+    group = {f"k.{stage}": manager.put(data, f"k.{stage}") for stage, data in stages.items()}
+    manager.put_group("k.json", group)
+    data = triton_bundle.pack(first, set())
+    shutil.rmtree(first)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(second))
+    assert triton_bundle.unpack(second, data) == 1
+    found = cache.FileCacheManager("KEY").get_group("k.json")
+    assert found == {"k.json": str(second / "KEY" / "k.json"),
+                     "k.cubin": str(second / "KEY" / "k.cubin")}
+    assert Path(found["k.cubin"]).read_bytes() == stages["cubin"]
 
 
 def test_nothing_to_pack_or_unpack_without_a_triton_folder(tmp_path):
