@@ -5,6 +5,7 @@ folders in its Triton cache (``TRITON_CACHE_DIR``, with their files) as JSON."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,9 +44,12 @@ if __name__ == "__main__":
 
 def run_twice(model: str, folder, task: str | None = None) -> list[dict]:
     """Two fresh processes on ``model`` sharing only fastcalc's disk cache (under
-    ``folder``; torch's caches empty in each): their JSON reports."""
+    ``folder``; torch's caches empty in each, and the first's removed before the second
+    starts, as on another node): their JSON reports."""
     runs = []
     for run in range(2):
+        if run:
+            shutil.rmtree(folder / "triton0")
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / f"inductor{run}"),
                "TRITON_CACHE_DIR": str(folder / f"triton{run}")}
         done = subprocess.run(

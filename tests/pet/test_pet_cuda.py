@@ -181,12 +181,12 @@ def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(tmp_path)
     """Two fresh processes with empty torch caches share only fastcalc's disk cache: the
     first compiles once (its first call's inputs include a view) and stores, the second
     loads the stored graph without compiling (not even a Triton kernel: its Triton cache
-    ends up with exactly the first's kernels, carried by the entry), replays CUDA graphs
+    ends up with the first's kernel folders, carried by the entry), replays CUDA graphs
     and gives the same numbers as the eager calculator."""
     runs = run_twice("pet-demo-cu", tmp_path)
     assert runs[0]["stats"]["from_cache"] == 0 and runs[0]["stats"]["compilations"] == 1
     assert runs[1]["stats"]["from_cache"] == 1 and runs[1]["stats"]["compilations"] == 0
-    assert runs[0]["kernels"] and runs[1]["kernels"] == runs[0]["kernels"]
+    assert runs[0]["kernels"] and set(runs[1]["kernels"]) == set(runs[0]["kernels"])
     assert runs[1]["stats"]["cuda_graphs"] >= 1
     eager = CompiledPETCalculator("pet-demo-cu", device="cuda", compile_mode="eager")
     expected = results(eager, cached_cell())
