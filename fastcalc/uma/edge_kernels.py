@@ -19,24 +19,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-
-def _ptxas_of_inductor() -> None:
-    """Compile these kernels with the ptxas inductor compiles its own with: torch's, which
-    inductor names in ``TRITON_PTXAS_PATH`` in whichever process compiles its kernels.
-    Triton's cache key of a kernel holds its ptxas version, and a process that compiles a
-    model leaves that to inductor's worker processes while one that loads it from the
-    disk cache sets it itself: without this, a loading process missed the kernels the
-    compiling one carried in the cache entry and compiled all four again (H200,
-    2026-12-03)."""
-    try:
-        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
-    except ImportError:  # a torch that does not bundle ptxas: Triton's own, everywhere
-        return
-    _set_triton_ptxas_path()
-
-
-_ptxas_of_inductor()
-
 #: Elements of the (edges, components, channels) tile each program holds, and its warps.
 TILE = 4096
 WARPS = 2
