@@ -1,7 +1,8 @@
 """One process of the CUDA disk-cache tests: the calculator of model file ``sys.argv[1]``
 (UMA task ``sys.argv[3]`` if given) on CUDA with the disk cache in ``sys.argv[2]``
-evaluates one rattled copper cell and prints results, stats, seconds and the kernel
-folders in its Triton cache (``TRITON_CACHE_DIR``, with their files) as JSON."""
+evaluates one rattled copper cell and prints results, stats, seconds, the kernel
+folders in its Triton cache (``TRITON_CACHE_DIR``, with their files) and what entered the
+cache keys of the kernels Triton's JIT compiled, as JSON."""
 
 import json
 import os
@@ -28,7 +29,40 @@ def kernel_folders(folder: str) -> dict[str, list[str]]:
     return {name: sorted(os.listdir(os.path.join(folder, name))) for name in os.listdir(folder)}
 
 
+def record_jit_compilations() -> dict[str, dict[str, str]]:
+    """What goes into the Triton cache key of each kernel that Triton's JIT compiles in
+    this process (fastcalc's own kernels; inductor's are compiled otherwise), by kernel
+    name, filled as they compile: so that a test can say why two processes' keys differ."""
+    import triton
+
+    records: dict[str, dict[str, str]] = {}
+    hooks = getattr(triton, "knobs", None)
+    if hooks is None:
+        return records
+
+    def record(**hook) -> None:  # Triton's hook arguments: key, repr, fn, compile, ...
+        name = getattr(hook.get("fn"), "name", "?")
+        try:  # a diagnosis only: never fail the kernel's compilation
+            from triton._C.libtriton import get_cache_invalidating_env_vars
+
+            options = hook["compile"]
+            records[name] = {
+                "repr": hook["repr"], "key": str(hook["key"]),
+                "configs": str(options.get("configs")),
+                "extern_libs": str(options.get("extern_libs")),
+                "source": hook["fn"].jit_function.cache_key,
+                "env": str(sorted(get_cache_invalidating_env_vars().items())),
+                "triton_env": str(sorted((k, v) for k, v in os.environ.items() if "TRITON" in k)),
+            }
+        except Exception as error:
+            records[name] = {"error": repr(error)}
+
+    hooks.runtime.jit_post_compile_hook = record
+    return records
+
+
 if __name__ == "__main__":
+    compiled = record_jit_compilations()
     start = time.perf_counter()
     task = sys.argv[3] if len(sys.argv) > 3 else None
     calc = load_calculator(sys.argv[1], task=task, device="cuda", cache_dir=sys.argv[2])
@@ -39,6 +73,7 @@ if __name__ == "__main__":
         "energy": float(energy), "forces": forces.tolist(), "stress": stress.tolist(),
         "stats": calc.compile_stats, "seconds": time.perf_counter() - start,
         "kernels": kernel_folders(os.environ["TRITON_CACHE_DIR"]),
+        "jit_compiled": compiled,
     }))
 
 
