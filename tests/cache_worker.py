@@ -40,7 +40,7 @@ def record_jit_compilations() -> dict[str, dict[str, str]]:
     if hooks is None:
         return records
 
-    def record(**hook) -> None:  # Triton's hook arguments: key, repr, fn, compile, ...
+    def record(*_, **hook) -> None:  # Triton's hook arguments: key, repr, fn, compile, ...
         name = getattr(hook.get("fn"), "name", "?")
         try:  # a diagnosis only: never fail the kernel's compilation
             from triton._C.libtriton import get_cache_invalidating_env_vars
