@@ -15,6 +15,9 @@ attaches the tensors found at those paths, so that in-place updates of the model
 re-merged experts) reach a loaded graph as they reach a traced one.
 
 A loaded graph does not recompile: inputs its guards refuse raise :class:`GuardsRefused`.
+
+Dynamo is imported when a graph is compiled or loaded, not with this module, so that
+``import fastcalc`` does not pay for it (about a second on the H200, more on small CPUs).
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ import torch
 import torch.fx
 import torch.fx.experimental._config as fx_config
 from torch import nn
-from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
-from torch._dynamo.hooks import Hooks
 
 __all__ = ["GuardsRefused", "LoadedGraph", "SavedGraph", "compile_ahead", "tensor_paths"]
 
@@ -98,10 +99,10 @@ class LoadedGraph:
     @classmethod
     def load(cls, saved: SavedGraph, owner: nn.Module | None) -> LoadedGraph:
         """``saved`` bound to the tensors of ``owner`` at its attribute paths."""
+        from torch._dynamo.aot_compile import AOTCompiledFunction  # dynamo: only when needed
+
         module = _module(saved.source)
-        compiled = AOTCompiledFunction.deserialize(
-            saved.compiled, module.__dict__
-        )
+        compiled = AOTCompiledFunction.deserialize(saved.compiled, module.__dict__)
         return cls(compiled, _holder(module, owner, saved.attributes))
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -128,6 +129,9 @@ def compile_ahead(
 ) -> tuple[LoadedGraph, SavedGraph]:
     """``graph_module`` compiled ahead of time with dynamic shapes, ready to call, and
     saved; every tensor it reads must belong to ``owner`` (else ``ValueError``)."""
+    from torch._dynamo.aot_compile import aot_compile_fullgraph
+    from torch._dynamo.hooks import Hooks
+
     paths = tensor_paths(owner) if owner is not None else {}
     attributes: dict[str, str] = {}
     for node in graph_module.graph.nodes:

@@ -70,3 +70,14 @@ def test_inputs_the_graph_was_not_compiled_for_are_refused():
     positions, species = inputs(6)
     with pytest.raises(GuardsRefused):
         run(positions.double(), species)
+
+
+def test_importing_fastcalc_leaves_dynamo_to_the_first_compilation():
+    """``import fastcalc`` (the calculators, the disk cache, the tracing runtime) does not
+    import dynamo; a process imports it when it compiles or loads a graph."""
+    code = ("import sys, fastcalc, fastcalc.models, fastcalc.tracing; "
+            "print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
