@@ -12,7 +12,8 @@ graph with every size dynamic, compiles the package (the model's tensors inside 
 saves the inputs and the eager outputs. ``load`` is then run in fresh processes: it
 imports torch and what registers fastcalc's operators, loads the package, calls it once
 on the saved inputs and prints the seconds of each step and the largest difference from
-the eager outputs.
+the eager outputs; on CUDA it also records a call in a CUDA graph, replays it and prints
+the difference from the plain call.
 
     python benchmarks/aoti_first_result.py pet --device cuda --atoms 64 --folder /tmp/aoti
     python benchmarks/aoti_first_result.py uma --device cuda --atoms 108 --folder /tmp/aoti --small
@@ -89,13 +90,30 @@ def load(model: str, folder: Path) -> None:
     called = time.perf_counter()
     difference = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
                      for a, b in zip(outputs, saved["expected"]) if b.is_floating_point())
+    replayed = _replay_difference(loader, saved["inputs"], outputs) if outputs[0].is_cuda else None
     print(json.dumps({
         "torch_import_s": imported - start, "operators_import_s": operators - imported,
         "load_s": loaded - operators, "first_call_s": called - loaded,
         "largest_relative_difference": difference,
+        "cuda_graph_replay_difference": replayed,
         "dynamo_imported": "torch._dynamo" in sys.modules,
         "inductor_imported": "torch._inductor" in sys.modules,
     }))
+
+
+def _replay_difference(loader, inputs: tuple, outputs: list) -> float:
+    """Record one call of the package in a CUDA graph (as fastcalc replays its compiled
+    graphs), replay it and return the largest difference from the plain call."""
+    import torch
+
+    static = [x.clone() for x in inputs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recorded = loader.run(static)
+    graph.replay()
+    torch.cuda.synchronize()
+    return max(float((a - b).abs().max()) for a, b in zip(recorded, outputs)
+               if b.is_floating_point())
 
 
 def main() -> None:
