@@ -36,43 +36,21 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fastcalc.uma import edge_kernels  # noqa: E402
-from fastcalc.uma.edge_kernels import _order_start  # noqa: E402
+from fastcalc.bench.timing import synchronize  # noqa: E402
+from fastcalc.uma.edge_kernels import _component_backward, _order_start  # noqa: E402
 from fastcalc.uma.edge_ops import radial_rows  # noqa: E402
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def median_ms(fn: Callable[[], object], calls: int = 20) -> float:
     fn()
     times = []
     for _ in range(calls):
-        _sync()
+        synchronize()
         start = time.perf_counter()
         fn()
-        _sync()
+        synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
-
-
-@triton.jit
-def _segment_component(grad_ptr, rot_ptr, grad_rot, x, scale, e, e_ok, k, c, ec_mask, side,
-                       i: tl.constexpr, M: tl.constexpr, K: tl.constexpr, C):
-    """Component ``i`` of a block of one atom's edges: its share of the radial gradient
-    (edges, channels) and of the atom's feature gradient (KP, channels); stores its row
-    of the rotation gradient."""
-    r = tl.load(rot_ptr + e[:, None] * (M * K) + i * K + k[None, :],
-                mask=e_ok[:, None] & (k < K)[None, :], other=0.0)
-    rotated = tl.sum(r[:, :, None] * x[None, :, :], axis=1)
-    g = tl.load(grad_ptr + e[:, None] * (M * 2 * C) + i * 2 * C + side * C + c[None, :],
-                mask=ec_mask, other=0.0)
-    scaled = g * scale
-    tl.store(grad_rot + e[:, None] * (M * K) + i * K + k[None, :],
-             tl.sum(scaled[:, None, :] * x[None, :, :], axis=2),
-             mask=e_ok[:, None] & (k < K)[None, :])
-    return g * rotated, tl.sum(r[:, :, None] * scaled[:, None, :], axis=0)
 
 
 @triton.jit
@@ -89,38 +67,39 @@ def _pairs_backward_segments_kernel(
     c = tl.arange(0, BLOCK_C)
     x_offsets = atom.to(tl.int64) * (K * C) + k[:, None] * C + c[None, :]
     x_mask = (k < K)[:, None] & (c < C)[None, :]
-    x = tl.load(x_ptr + x_offsets, mask=x_mask, other=0.0)
+    # the atom's features, the same for every edge of a block
+    x = tl.load(x_ptr + x_offsets, mask=x_mask, other=0.0)[None, :, :]
     start = tl.load(offsets_ptr + side * (N + 1) + atom)
     end = tl.load(offsets_ptr + side * (N + 1) + atom + 1)
     grad_x = tl.zeros((KP, BLOCK_C), dtype=x.dtype)
-    grad_rot = grad_rot_ptr + side * E * M * K
     for first in range(start, end, BLOCK_E):
         slot = first + tl.arange(0, BLOCK_E)
         e_ok = slot < end
         e = tl.load(order_ptr + side * E + slot, mask=e_ok, other=0).to(tl.int64)
-        ec_mask = e_ok[:, None] & (c < C)[None, :]
+        mask = e_ok[:, None] & (c < C)[None, :]
         radial = e[:, None] * (NR * 2 * C) + side * C + c[None, :]
+        grad = grad_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
+        grad_rot = grad_rot_ptr + side * E * M * K + e[:, None] * (M * K) + k[None, :]
         for l in tl.static_range(LMAX + 1):
-            scale = tl.load(radial_ptr + radial + l * 2 * C, mask=ec_mask, other=0.0)
-            grad_scale, update = _segment_component(
-                grad_ptr, rot_ptr, grad_rot, x, scale, e, e_ok, k, c, ec_mask, side, l, M, K, C)
-            grad_x += update
-            tl.store(grad_radial_ptr + radial + l * 2 * C, grad_scale, mask=ec_mask)
+            scale = tl.load(radial_ptr + radial + l * 2 * C, mask=mask, other=0.0)
+            grad_scale, update = _component_backward(
+                grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, l, M, K, C)
+            grad_x += tl.sum(update, axis=0)
+            tl.store(grad_radial_ptr + radial + l * 2 * C, grad_scale, mask=mask)
         for m in tl.static_range(1, MMAX + 1):
             for j in tl.static_range(LMAX - m + 1):
                 row = LMAX + 1 + _order_start(m, LMAX) + j
                 plus = LMAX + 1 + 2 * _order_start(m, LMAX) + j
-                scale = tl.load(radial_ptr + radial + row * 2 * C, mask=ec_mask, other=0.0)
-                grad_plus, update = _segment_component(
-                    grad_ptr, rot_ptr, grad_rot, x, scale, e, e_ok, k, c, ec_mask, side,
-                    plus, M, K, C)
-                grad_x += update
-                grad_minus, update = _segment_component(
-                    grad_ptr, rot_ptr, grad_rot, x, scale, e, e_ok, k, c, ec_mask, side,
-                    plus + LMAX - m + 1, M, K, C)
-                grad_x += update
+                scale = tl.load(radial_ptr + radial + row * 2 * C, mask=mask, other=0.0)
+                grad_plus, update = _component_backward(
+                    grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus, M, K, C)
+                grad_x += tl.sum(update, axis=0)
+                grad_minus, update = _component_backward(
+                    grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus + LMAX - m + 1,
+                    M, K, C)
+                grad_x += tl.sum(update, axis=0)
                 tl.store(grad_radial_ptr + radial + row * 2 * C, grad_plus + grad_minus,
-                         mask=ec_mask)
+                         mask=mask)
     tl.store(grad_x_ptr + side * N * K * C + x_offsets, grad_x, mask=x_mask)
 
 
