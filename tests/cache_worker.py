@@ -36,8 +36,8 @@ def record_jit_compilations() -> dict[str, dict[str, str]]:
     import triton
 
     records: dict[str, dict[str, str]] = {}
-    hooks = getattr(triton, "knobs", None)
-    if hooks is None:
+    knobs = getattr(triton, "knobs", None)  # Triton's settings, its hooks among them
+    if knobs is None:
         return records
 
     def record(*_, **hook) -> None:  # Triton's hook arguments: key, repr, fn, compile, ...
@@ -57,7 +57,7 @@ def record_jit_compilations() -> dict[str, dict[str, str]]:
         except Exception as error:
             records[name] = {"error": repr(error)}
 
-    hooks.runtime.jit_post_compile_hook = record
+    knobs.runtime.jit_post_compile_hook = record
     return records
 
 
