@@ -135,7 +135,8 @@ def main() -> None:
         done = subprocess.run([sys.executable, __file__, args.model, "--folder",
                                str(args.folder), "--load"], capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(done.stderr[-3000:])
+            raise RuntimeError(f"the loading process ended with {done.returncode}:\n"
+                               f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
         print(done.stdout.strip().splitlines()[-1], f"process {time.perf_counter() - start:.1f} s")
 
 

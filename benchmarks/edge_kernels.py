@@ -6,13 +6,6 @@ of each operator and its backward pass in torch (eager, on CUDA) and, for each t
 size and warp count of :mod:`fastcalc.uma.edge_kernels`, in the kernels, with their
 largest difference from torch relative to its largest value.
 
-It also times a candidate not yet used by fastcalc, ``pairs backward (segments)``: the
-backward pass of the gathering operator without atomic adds. One program per atom and
-side walks that atom's edges (sorted by atom outside the kernel), loads the atom's
-features once and writes its feature gradient once, where fastcalc's kernel adds each
-edge's (9, 128) gradient into both atoms atomically (181 million adds per layer at
-1008 atoms; 1.7 ms of its layer's 2.1 ms of edge kernels on the H200, 2026-12-03).
-
     python benchmarks/edge_kernels.py --edges 78000 --tiles 2048 4096 8192 --warps 1 2 4
 
 On a machine without a GPU, Triton's interpreter checks the kernels' numbers (slowly):
@@ -30,14 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fastcalc.uma import edge_kernels  # noqa: E402
 from fastcalc.bench.timing import synchronize  # noqa: E402
-from fastcalc.uma.edge_kernels import _component_backward, _order_start  # noqa: E402
 from fastcalc.uma.edge_ops import radial_rows  # noqa: E402
 
 
@@ -51,73 +41,6 @@ def median_ms(fn: Callable[[], object], calls: int = 20) -> float:
         synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
-
-
-@triton.jit
-def _pairs_backward_segments_kernel(
-    grad_ptr, x_ptr, rot_ptr, radial_ptr, order_ptr, offsets_ptr,
-    grad_x_ptr, grad_rot_ptr, grad_radial_ptr,
-    N, E, C,
-    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, NR: tl.constexpr,
-    KP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    atom = tl.program_id(0)
-    side = tl.program_id(1)
-    k = tl.arange(0, KP)
-    c = tl.arange(0, BLOCK_C)
-    x_offsets = atom.to(tl.int64) * (K * C) + k[:, None] * C + c[None, :]
-    x_mask = (k < K)[:, None] & (c < C)[None, :]
-    # the atom's features, the same for every edge of a block
-    x = tl.load(x_ptr + x_offsets, mask=x_mask, other=0.0)[None, :, :]
-    start = tl.load(offsets_ptr + side * (N + 1) + atom)
-    end = tl.load(offsets_ptr + side * (N + 1) + atom + 1)
-    grad_x = tl.zeros((KP, BLOCK_C), dtype=x.dtype)
-    for first in range(start, end, BLOCK_E):
-        slot = first + tl.arange(0, BLOCK_E)
-        e_ok = slot < end
-        e = tl.load(order_ptr + side * E + slot, mask=e_ok, other=0).to(tl.int64)
-        mask = e_ok[:, None] & (c < C)[None, :]
-        radial = e[:, None] * (NR * 2 * C) + side * C + c[None, :]
-        grad = grad_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
-        grad_rot = grad_rot_ptr + side * E * M * K + e[:, None] * (M * K) + k[None, :]
-        for l in tl.static_range(LMAX + 1):
-            scale = tl.load(radial_ptr + radial + l * 2 * C, mask=mask, other=0.0)
-            grad_scale, update = _component_backward(
-                grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, l, M, K, C)
-            grad_x += tl.sum(update, axis=0)
-            tl.store(grad_radial_ptr + radial + l * 2 * C, grad_scale, mask=mask)
-        for m in tl.static_range(1, MMAX + 1):
-            for j in tl.static_range(LMAX - m + 1):
-                row = LMAX + 1 + _order_start(m, LMAX) + j
-                plus = LMAX + 1 + 2 * _order_start(m, LMAX) + j
-                scale = tl.load(radial_ptr + radial + row * 2 * C, mask=mask, other=0.0)
-                grad_plus, update = _component_backward(
-                    grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus, M, K, C)
-                grad_x += tl.sum(update, axis=0)
-                grad_minus, update = _component_backward(
-                    grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus + LMAX - m + 1,
-                    M, K, C)
-                grad_x += tl.sum(update, axis=0)
-                tl.store(grad_radial_ptr + radial + row * 2 * C, grad_plus + grad_minus,
-                         mask=mask)
-    tl.store(grad_x_ptr + side * N * K * C + x_offsets, grad_x, mask=x_mask)
-
-
-def pairs_backward_segments(grad, x, rotation, radial, neighbour, centre, mmax):
-    """The candidate: ``edge_kernels.pairs_backward`` without atomic adds (module docstring)."""
-    atoms, edges = x.shape[0], rotation.shape[0]
-    sources, order = torch.stack((neighbour, centre)).sort(dim=1, stable=True)
-    bounds = torch.arange(atoms + 1, device=x.device).expand(2, -1).contiguous()
-    offsets = torch.searchsorted(sources, bounds)
-    grad_x = x.new_empty(2, *x.shape)
-    grad_rotation = rotation.new_empty(2, *rotation.shape)
-    grad_radial = torch.empty_like(radial)
-    layout = edge_kernels._layout(x, rotation, radial, mmax)
-    _pairs_backward_segments_kernel[(atoms, 2)](
-        grad, x, rotation, radial, order, offsets, grad_x, grad_rotation, grad_radial,
-        atoms, edges, x.shape[2], **layout
-    )
-    return grad_x.sum(dim=0), grad_rotation.sum(dim=0), grad_radial
 
 
 def main() -> None:
@@ -178,9 +101,6 @@ def main() -> None:
         "pairs backward": lambda: edge_kernels.pairs_backward(
             grad_pairs, x, rotation, radial, neighbour, centre, mmax
         ),
-        "pairs backward (segments)": lambda: pairs_backward_segments(
-            grad_pairs, x, rotation, radial, neighbour, centre, mmax
-        ),
         "nodes": lambda: edge_kernels.to_nodes(x, messages, rotation, envelope, centre),
         "nodes backward": lambda: edge_kernels.to_nodes_backward(
             grad_nodes, messages, rotation, envelope, centre
@@ -192,13 +112,10 @@ def main() -> None:
             got = [kernels["pairs"](), *kernels["pairs backward"](), kernels["nodes"](),
                    *kernels["nodes backward"]()]
             error = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, expected))
-            segments = kernels["pairs backward (segments)"]()
-            segments_error = max(float((a - b).abs().max() / b.abs().max())
-                                 for a, b in zip(segments, expected[1:4]))
             times = ", ".join(f"{name} {median_ms(fn, args.calls):.3f}"
                               for name, fn in kernels.items())
             print(f"tile {tile}, {warps} warps: {times} ms; largest relative difference "
-                  f"{error:.1e} (segments: {segments_error:.1e})")
+                  f"{error:.1e}")
 
 
 if __name__ == "__main__":
