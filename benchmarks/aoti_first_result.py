@@ -132,7 +132,7 @@ def main() -> None:
     build(args.model, args.device, args.atoms, args.folder, args.small)
     for _ in range(args.processes):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, __file__, args.model, "--folder",
+        done = subprocess.run([sys.executable, "-X", "faulthandler", __file__, args.model, "--folder",
                                str(args.folder), "--load"], capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"the loading process ended with {done.returncode}:\n"

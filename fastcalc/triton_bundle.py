@@ -33,8 +33,23 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cache_folder", "listing", "pack", "unpack"]
+__all__ = ["cache_folder", "listing", "pack", "unpack", "use_torchs_ptxas"]
 
+
+def use_torchs_ptxas() -> None:
+    """Name torch's ptxas in ``TRITON_PTXAS_PATH`` where torch ships one and the variable
+    is unset, as inductor does in the processes that compile its kernels.
+
+    Triton's cache key of a kernel holds the version of the ptxas it uses, and Triton
+    reads that version once per process. A process that compiled UMA read it before
+    inductor named torch's ptxas (Triton's own, CUDA 12.8, on the H200), one that loaded
+    UMA from the disk cache after (torch's, CUDA 13.0): the loading process then looked
+    for fastcalc's four edge kernels under other keys than the entry carried them, and
+    compiled them again (H200, torch 2.11, 2026-12-03). Called when fastcalc is imported,
+    so that every process of fastcalc's reads the same version."""
+    ptxas = Path(torch.__file__).parent / "bin" / "ptxas"
+    if "TRITON_PTXAS_PATH" not in os.environ and os.access(ptxas, os.X_OK):
+        os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
 
 def cache_folder(device: torch.device) -> Path | None:
     """The folder Triton caches kernels for ``device`` in (``TRITON_CACHE_DIR``, else

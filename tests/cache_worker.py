@@ -2,7 +2,7 @@
 (UMA task ``sys.argv[3]`` if given) on CUDA with the disk cache in ``sys.argv[2]``
 evaluates one rattled copper cell and prints results, stats, seconds, the kernel
 folders in its Triton cache (``TRITON_CACHE_DIR``, with their files) and what entered the
-cache keys of the kernels Triton's JIT compiled, as JSON."""
+Triton cache keys of fastcalc's own kernels, as JSON."""
 
 import json
 import os
@@ -30,34 +30,31 @@ def kernel_folders(folder: str) -> dict[str, list[str]]:
 
 
 def record_jit_compilations() -> dict[str, dict[str, str]]:
-    """What goes into the Triton cache key of each kernel that Triton's JIT compiles in
-    this process (fastcalc's own kernels; inductor's are compiled otherwise), by kernel
-    name, filled as they compile: so that a test can say why two processes' keys differ."""
-    import triton
+    """The parts of the Triton cache key of each kernel that Triton compiles in this
+    process outside inductor (fastcalc's own kernels), by kernel name: so that a test can
+    say why two processes' keys differ."""
+    import triton.compiler.compiler as compiler
 
     records: dict[str, dict[str, str]] = {}
-    knobs = getattr(triton, "knobs", None)  # Triton's settings, its hooks among them
-    if knobs is None:
-        return records
+    cache_key = compiler.get_cache_key
 
-    def record(*_, **hook) -> None:  # Triton's hook arguments: key, repr, fn, compile, ...
-        name = getattr(hook.get("fn"), "name", "?")
-        try:  # a diagnosis only: never fail the kernel's compilation
-            from triton._C.libtriton import get_cache_invalidating_env_vars
+    def recorded(src, backend, options, *args, **kwargs):
+        function = getattr(src, "fn", None)
+        name = getattr(function, "__name__", None) or repr(function)
+        if not name.startswith("triton_"):  # inductor's kernels are named triton_*
+            try:  # a diagnosis only: never fail the kernel's compilation
+                records[name] = {
+                    "source": src.hash(), "backend": backend.hash(),
+                    "options": str(sorted(options.__dict__.items())),
+                    "env": str(args or kwargs),
+                    "stages_hook": repr(compiler.knobs.runtime.add_stages_inspection_hook),
+                    "ptxas": os.environ.get("TRITON_PTXAS_PATH", ""),
+                }
+            except Exception as error:
+                records[name] = {"error": repr(error)}
+        return cache_key(src, backend, options, *args, **kwargs)
 
-            options = hook["compile"]
-            records[name] = {
-                "repr": hook["repr"], "key": str(hook["key"]),
-                "configs": str(options.get("configs")),
-                "extern_libs": str(options.get("extern_libs")),
-                "source": hook["fn"].jit_function.cache_key,
-                "env": str(sorted(get_cache_invalidating_env_vars().items())),
-                "triton_env": str(sorted((k, v) for k, v in os.environ.items() if "TRITON" in k)),
-            }
-        except Exception as error:
-            records[name] = {"error": repr(error)}
-
-    knobs.runtime.jit_post_compile_hook = record
+    compiler.get_cache_key = recorded
     return records
 
 

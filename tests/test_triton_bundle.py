@@ -5,6 +5,7 @@ compiles no Triton kernel)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -99,3 +100,27 @@ def test_a_loaded_entry_puts_back_the_kernels_its_first_process_made(tmp_path, m
     runner(*inputs)
     assert runner.stats["from_cache"] == 1 and runner.stats["compilations"] == 0
     assert files(triton) == made
+
+
+def fake_torch_with_ptxas(tmp_path, monkeypatch) -> Path:
+    """torch's install folder moved to ``tmp_path``, with an executable ``bin/ptxas``."""
+    ptxas = tmp_path / "bin" / "ptxas"
+    ptxas.parent.mkdir()
+    ptxas.write_text("#!/bin/sh\n")
+    ptxas.chmod(0o755)
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "__init__.py"))
+    return ptxas
+
+
+def test_torchs_ptxas_is_named_for_triton_where_torch_ships_one(tmp_path, monkeypatch):
+    ptxas = fake_torch_with_ptxas(tmp_path, monkeypatch)
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    triton_bundle.use_torchs_ptxas()
+    assert Path(os.environ["TRITON_PTXAS_PATH"]) == ptxas
+
+
+def test_a_ptxas_the_user_named_is_kept(tmp_path, monkeypatch):
+    fake_torch_with_ptxas(tmp_path, monkeypatch)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/cuda/bin/ptxas")
+    triton_bundle.use_torchs_ptxas()
+    assert os.environ["TRITON_PTXAS_PATH"] == "/opt/cuda/bin/ptxas"
