@@ -38,12 +38,16 @@ def load_calculator(
 
     ``compiled=None`` compiles on CUDA (CUDA graphs) and runs eagerly on CPU,
     where a first compilation takes about a minute. ``options`` go to the calculator
-    (``precision``, ``cache_dir``, ``skin``, ...).
+    (``precision``, ``cache_dir``, ``skin``, ...), the calculators' own ``compile_mode``
+    among them, which takes the place of ``compiled``.
     """
     path = resolve_model_path(model)
-    mode = {None: "auto", True: "default", False: "eager"}[compiled]
-    if mode == "default" and resolve_device(device).type == "cuda":
-        mode = "reduce-overhead"
-    return family_of(path).build(
-        path, task=task, device=device, dtype=dtype, compile_mode=mode, **options
-    )
+    if "compile_mode" in options:
+        if compiled is not None:
+            raise TypeError("load_calculator takes compiled or compile_mode, not both")
+    else:
+        mode = {None: "auto", True: "default", False: "eager"}[compiled]
+        if mode == "default" and resolve_device(device).type == "cuda":
+            mode = "reduce-overhead"
+        options["compile_mode"] = mode
+    return family_of(path).build(path, task=task, device=device, dtype=dtype, **options)

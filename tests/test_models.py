@@ -96,6 +96,13 @@ def test_a_registered_family_is_found_and_builds_its_calculator(toy, tmp_path):
     assert model_family(resolve_model_path("pet-demo-cu")) == "pet"  # the others still are
 
 
+def test_the_calculators_compile_mode_passes_through(toy):
+    load_calculator("toy-demo", task="t", device="cpu", compile_mode="default")
+    assert toy[-1][-1] == "default"
+    with pytest.raises(TypeError, match="compiled or compile_mode"):
+        load_calculator("toy-demo", device="cpu", compiled=True, compile_mode="default")
+
+
 @pytest.mark.usefixtures("toy")
 def test_an_unknown_file_names_a_registered_family_too(tmp_path):
     path = tmp_path / "model.txt"
