@@ -27,7 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PRECISIONS", "Linear", "check_precision", "linear", "matmul", "matmul_precision"]
+__all__ = [
+    "PRECISIONS", "Linear", "check_precision", "global_tf32", "linear", "matmul",
+    "matmul_precision",
+]
 
 #: ``precision`` values of fastcalc's calculators.
 PRECISIONS = ("float32", "tf32")
@@ -86,6 +89,19 @@ def matmul_precision(precision: str) -> Iterator[None]:
         yield
     finally:
         _NETWORK_TF32.reset(token)
+        _set_fp32_flags(saved)
+
+
+@contextmanager
+def global_tf32() -> Iterator[None]:
+    """Within: torch's global switch to TF32 on, as a script turns it on for a calculator
+    without a precision of its own (every float32 product, geometry included); torch's
+    global settings are restored on exit. The benchmarks run metatomic's TF32 this way."""
+    saved = _fp32_flags()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
         _set_fp32_flags(saved)
 
 

@@ -177,7 +177,8 @@ def compile_nothing(monkeypatch):
 def test_small_pet_bench_times_fastcalc_and_metatomic_on_a_tiny_pet(tmp_path, capsys):
     rows, printed = small_bench("pet", tmp_path, capsys)
     assert [(row["impl"], row["model"]) for row in rows] == [
-        ("metatomic", "pet-tiny-random"), ("fastcalc", "pet-tiny-random")
+        ("metatomic", "pet-tiny-random"), ("fastcalc-tf32", "pet-tiny-random"),
+        ("fastcalc", "pet-tiny-random"),
     ]
     assert "eager fastcalc against metatomic (float32, 32 atoms)" in printed
     assert "| atoms | metatomic ms | fastcalc ms | ratio |" in printed
@@ -234,13 +235,15 @@ def test_small_throughput_times_both_models_one_at_a_time_and_batched(tmp_path, 
         (model, structure_set, impl)
         for model, upstream in (("pet-tiny-random", "metatomic"), ("uma-tiny-random", "fairchem"))
         for structure_set in sets
-        for impl in ("fastcalc", "fastcalc-many", f"{upstream}-batched")
+        for impl in ("fastcalc", "fastcalc-many", f"{upstream}-batched", "fastcalc-tf32",
+                     "fastcalc-tf32-many", f"{upstream}-tf32-batched")
     ]
     for row in rows:
         assert set(row) == THROUGHPUT_KEYS and row["structures"] == 3 and len(row["pass_s"]) == 1
         assert row["structures_per_s"] > 0 and row["first_pass_s"] > 0
         assert row["recompiles"] == 0
-        # float32 against float64 fastcalc, same model (the upstream's batched path too)
+        # float32 against float64 fastcalc, same model (the upstream's batched path too;
+        # TF32 exists only on CUDA)
         assert row["energy_err_ev"] < 1e-3 and row["force_rel_err"] < 1e-4
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out

@@ -12,7 +12,7 @@ from ase.build import bulk
 
 import fastcalc.precision as precision
 from fastcalc import CompiledPETCalculator
-from fastcalc.precision import check_precision, matmul_precision
+from fastcalc.precision import check_precision, global_tf32, matmul_precision
 
 
 def test_unknown_precision_is_refused_with_the_choices():
@@ -87,3 +87,10 @@ def test_on_the_cpu_float32_ignores_the_global_flags_and_tf32_changes_nothing(mo
     monkeypatch.setattr(precision, "_warned", False)
     with pytest.warns(UserWarning, match="TF32"):
         np.testing.assert_array_equal(forces(precision="tf32"), exact)
+
+
+def test_global_tf32_turns_torchs_switch_on_within_and_restores_it():
+    torch.set_float32_matmul_precision("highest")
+    with global_tf32():
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == "highest"

@@ -127,7 +127,8 @@ class Contest:
     ``contenders`` are the timed calculators (the headline upstream first, fastcalc
     last); ``pairs`` lists the (upstream, fastcalc) contenders compared in the printed
     tables; ``streamed`` names those that the ``stream`` workload runs; ``batched``
-    builds the upstream's batched path for the ``throughput`` workload.
+    builds the upstream's batched path for the ``throughput`` workload, and
+    ``batched_tf32`` that path in TF32, against fastcalc's ``fastcalc-tf32`` contender.
     """
 
     model: str
@@ -140,6 +141,7 @@ class Contest:
     pairs: tuple[tuple[str, str], ...]
     streamed: tuple[str, ...]
     batched: Callable[[], Evaluator]
+    batched_tf32: Callable[[], Evaluator]
 
 
 def _once(factory: Callable[[], Calculator]) -> Callable[[], Calculator]:
@@ -159,6 +161,9 @@ def pet_contest(folder: Path, device: str, small: bool) -> Contest:
     path = export_pet(PET_TINY if small else PET_S, folder / "pet.pt", seed=0)
     factories = {
         "metatomic": _once(lambda: metatomic_calculator(path, device)),
+        "fastcalc-tf32": _once(
+            lambda: CompiledPETCalculator(path, device=device, precision="tf32")
+        ),
         "fastcalc": _once(lambda: CompiledPETCalculator(path, device=device)),
     }
     return Contest(
@@ -174,6 +179,7 @@ def pet_contest(folder: Path, device: str, small: bool) -> Contest:
         pairs=(("metatomic", "fastcalc"),),
         streamed=("metatomic", "fastcalc"),
         batched=lambda: metatomic_batched(path, device),
+        batched_tf32=lambda: metatomic_batched(path, device, tf32=True),
     )
 
 
@@ -222,6 +228,7 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
         ),
         streamed=("fairchem", "fastcalc"),
         batched=lambda: fairchem_batched(path, "omat", device),
+        batched_tf32=lambda: fairchem_batched(path, "omat", device, preset="multigpu"),
     )
 
 
@@ -434,7 +441,9 @@ def run_throughput(
     and ``fastcalc-many`` (its ``evaluate_many``) share one calculator, built once for
     both sets, as in one script; the upstream's batched path (``{upstream}-batched``, in
     runs of at most ``MAX_ATOMS`` atoms, as ``evaluate_many`` batches) is built afresh
-    for each set, since fairchem's fallback from its fast path is for good.
+    for each set, since fairchem's fallback from its fast path is for good. The same
+    three again in TF32: ``fastcalc-tf32`` and ``fastcalc-tf32-many`` (one calculator
+    with ``precision="tf32"``) and ``{upstream}-tf32-batched``.
     ``contenders`` times only those of the three (default: all), so that each can have
     the GPU's memory to itself in a process of its own.
     """
@@ -449,11 +458,15 @@ def run_throughput(
             agreement = check_agreement(contest.reference(), contest.eager(), first)
             print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32, "
                   f"{len(first)} atoms), relative differences {agreement}", flush=True)
-            fastcalc = contest.contenders()["fastcalc"]
+            calculators = contest.contenders()
+            fastcalc, tf32 = calculators["fastcalc"], calculators["fastcalc-tf32"]
             evaluators = chosen({
                 "fastcalc": lambda: one_at_a_time(fastcalc()),
                 "fastcalc-many": lambda: many_at_once(fastcalc()),
                 f"{contest.upstream}-batched": lambda: in_chunks(contest.batched()),
+                "fastcalc-tf32": lambda: one_at_a_time(tf32()),
+                "fastcalc-tf32-many": lambda: many_at_once(tf32()),
+                f"{contest.upstream}-tf32-batched": lambda: in_chunks(contest.batched_tf32()),
             }, contenders)
             for structure_set, structures in sets.items():
                 records += time_throughput(

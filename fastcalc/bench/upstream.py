@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +23,7 @@ from ase import Atoms
 from ase.calculators.calculator import Calculator
 
 from ..calculator import to_host
+from ..precision import global_tf32
 from .throughput import Evaluator, Results
 
 if TYPE_CHECKING:
@@ -327,10 +328,13 @@ def fairchem_preset_calculator(
     return FAIRChemCalculator(unit, task_name=task)
 
 
-def fairchem_batched(path: Path, task: str, device: str) -> Evaluator:
+def fairchem_batched(
+    path: Path, task: str, device: str, preset: str = "high-precision"
+) -> Evaluator:
     """fairchem's batched path: each list of structures converted to ``AtomicData``,
     collated into one batch and evaluated by one call of the predict unit of
-    :func:`fairchem_preset_unit` (``high-precision``, as the ``fairchem`` contender).
+    :func:`fairchem_preset_unit` (``high-precision`` as the ``fairchem`` contender, or
+    ``multigpu``, its TF32 preset, as ``fairchem-tf32``).
 
     A batch of several compositions breaks the merged experts' contract: fairchem then
     falls back, for this unit's later calls too, to its unmerged model uncompiled.
@@ -338,7 +342,7 @@ def fairchem_batched(path: Path, task: str, device: str) -> Evaluator:
     with _needs("fairchem-core"):
         from fairchem.core.datasets.atomic_data import AtomicData, atomicdata_list_to_batch
 
-    unit = fairchem_preset_unit(path, device)
+    unit = fairchem_preset_unit(path, device, preset)
     dtype = unit.inference_settings.base_precision_dtype
 
     def evaluate(structures: list[Atoms]) -> Results:
@@ -355,14 +359,16 @@ def fairchem_batched(path: Path, task: str, device: str) -> Evaluator:
     return evaluate
 
 
-def metatomic_batched(path: Path, device: str) -> Evaluator:
+def metatomic_batched(path: Path, device: str, tf32: bool = False) -> Evaluator:
     """metatomic's batched path: each list of structures evaluated by one call of its ASE
     calculator's ``compute_energy`` (one model call for all, forces and stresses by one
-    backward pass)."""
+    backward pass). metatomic has no precision setting of its own: with ``tf32`` each call
+    runs under torch's global TF32 switch, as a user would turn it on."""
     calculator = metatomic_calculator(path, device)
 
     def evaluate(structures: list[Atoms]) -> Results:
-        out = calculator.compute_energy(list(structures), compute_forces_and_stresses=True)
+        with global_tf32() if tf32 else nullcontext():
+            out = calculator.compute_energy(list(structures), compute_forces_and_stresses=True)
         return list(zip(np.asarray(out["energy"], dtype=np.float64).tolist(), out["forces"]))
 
     return evaluate
