@@ -51,6 +51,7 @@ def use_torchs_ptxas() -> None:
     if "TRITON_PTXAS_PATH" not in os.environ and os.access(ptxas, os.X_OK):
         os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
 
+
 def cache_folder(device: torch.device) -> Path | None:
     """The folder Triton caches kernels for ``device`` in (``TRITON_CACHE_DIR``, else
     inductor's, as inductor sets it); None where no Triton kernels are made (CPU)."""

@@ -29,7 +29,7 @@ def kernel_folders(folder: str) -> dict[str, list[str]]:
     return {name: sorted(os.listdir(os.path.join(folder, name))) for name in os.listdir(folder)}
 
 
-def record_jit_compilations() -> dict[str, dict[str, str]]:
+def record_cache_keys() -> dict[str, dict[str, str]]:
     """The parts of the Triton cache key of each kernel that Triton compiles in this
     process outside inductor (fastcalc's own kernels), by kernel name: so that a test can
     say why two processes' keys differ."""
@@ -59,7 +59,7 @@ def record_jit_compilations() -> dict[str, dict[str, str]]:
 
 
 if __name__ == "__main__":
-    compiled = record_jit_compilations()
+    cache_keys = record_cache_keys()
     start = time.perf_counter()
     task = sys.argv[3] if len(sys.argv) > 3 else None
     calc = load_calculator(sys.argv[1], task=task, device="cuda", cache_dir=sys.argv[2])
@@ -70,7 +70,7 @@ if __name__ == "__main__":
         "energy": float(energy), "forces": forces.tolist(), "stress": stress.tolist(),
         "stats": calc.compile_stats, "seconds": time.perf_counter() - start,
         "kernels": kernel_folders(os.environ["TRITON_CACHE_DIR"]),
-        "jit_compiled": compiled,
+        "cache_keys": cache_keys,
     }))
 
 

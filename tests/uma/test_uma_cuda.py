@@ -206,7 +206,7 @@ def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(uma_check
     for run in runs:
         assert_close((run["energy"], np.array(run["forces"]), np.array(run["stress"])), expected)
     carried, second = set(runs[0]["kernels"]), set(runs[1]["kernels"])
-    first, later = runs[0]["jit_compiled"], runs[1]["jit_compiled"]
+    first, later = runs[0]["cache_keys"], runs[1]["cache_keys"]
     differ = {name: {field: (first.get(name, {}).get(field), value)
                      for field, value in fields.items() if first.get(name, {}).get(field) != value}
               for name, fields in later.items()}
