@@ -106,22 +106,22 @@ def _component_backward(
 
 
 @triton.jit
-def _pairs_backward_block(
-    grad_ptr, x_ptr, rot_ptr, radial_ptr, src_ptr, grad_rot_ptr, grad_radial_ptr,
-    side, e, E, C,
+def _pairs_backward_kernel(
+    grad_ptr, x_ptr, rot_ptr, radial_ptr, src_ptr,
+    grad_x_ptr, grad_rot_ptr, grad_radial_ptr,
+    E, C,
     LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, NR: tl.constexpr,
-    KP: tl.constexpr, BLOCK_C: tl.constexpr,
+    KP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """One block of edges ``e`` on one side: stores the rotation and radial gradients and
-    returns the features' gradient per edge (edges, KP, channels), where it is to be
-    added, and its mask."""
+    side = tl.program_id(1)
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < E
     e = e.to(tl.int64)
     k = tl.arange(0, KP)
     c = tl.arange(0, BLOCK_C)
     mask = e_ok[:, None] & (c < C)[None, :]
     x, x_offsets, x_mask = _gathered(x_ptr, src_ptr, side, e, e_ok, k, c, E, C, K)
-    grad_x = tl.zeros_like(x)
+    grad_x = tl.zeros((BLOCK_E, KP, BLOCK_C), dtype=x.dtype)
     radial = e[:, None] * (NR * 2 * C) + side * C + c[None, :]
     grad = grad_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
     # this side's share of the rotation gradient, in (2, E, M, K): the caller sums the sides
@@ -144,21 +144,6 @@ def _pairs_backward_block(
                 grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus + LMAX - m + 1, M, K, C)
             grad_x += update
             tl.store(grad_radial_ptr + radial + row * 2 * C, grad_plus + grad_minus, mask=mask)
-    return grad_x, x_offsets, x_mask
-
-
-@triton.jit
-def _pairs_backward_kernel(
-    grad_ptr, x_ptr, rot_ptr, radial_ptr, src_ptr,
-    grad_x_ptr, grad_rot_ptr, grad_radial_ptr,
-    E, C,
-    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, NR: tl.constexpr,
-    KP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    grad_x, x_offsets, x_mask = _pairs_backward_block(
-        grad_ptr, x_ptr, rot_ptr, radial_ptr, src_ptr, grad_rot_ptr, grad_radial_ptr,
-        tl.program_id(1), e, E, C, LMAX, MMAX, M, K, NR, KP, BLOCK_C)
     tl.atomic_add(grad_x_ptr + x_offsets, grad_x, mask=x_mask)
 
 
