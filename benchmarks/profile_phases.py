@@ -10,6 +10,12 @@ synchronisations one call makes (torch.profiler). Same models as ``fastcalc benc
     python benchmarks/profile_phases.py uma --device cuda --sizes 108 1008
     python benchmarks/profile_phases.py uma --kernels --precision tf32 --sizes 1008
     python benchmarks/profile_phases.py uma --kernels --sizes 1008 --snapshot uma.pickle
+    python benchmarks/profile_phases.py uma fairchem --kernels --sizes 1008
+
+``uma fairchem`` profiles fastcalc's and fairchem's calculators on the same random
+UMA-S-shaped checkpoint in one process (fairchem: its ``high-precision`` preset, or
+``multigpu`` with ``--precision tf32``, as ``fastcalc bench`` runs them), so that their
+kernel families can be compared side by side; fairchem takes ``--kernels`` only.
 """
 
 from __future__ import annotations
@@ -32,7 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fastcalc.bench import copper  # noqa: E402
 from fastcalc.bench.suite import PET_S, UMA_S  # noqa: E402
-from fastcalc.bench.upstream import build_checkpoint, default_backbone, export_pet  # noqa: E402
+from fastcalc.bench.upstream import (  # noqa: E402
+    build_checkpoint,
+    default_backbone,
+    export_pet,
+    fairchem_preset_calculator,
+)
 
 
 def _sync() -> None:
@@ -169,12 +180,26 @@ def pet(device: str, mode: str | None, precision: str) -> tuple[Calculator, Phas
     return calc, timer
 
 
-def uma(device: str, mode: str | None, precision: str) -> tuple[Calculator, PhaseTimer]:
+def uma_checkpoint() -> Path:
+    """The random UMA-S-shaped checkpoint ``fastcalc bench uma`` uses, in a new folder."""
+    path = Path(tempfile.mkdtemp()) / "uma-s.pt"
+    build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
+    return path
+
+
+def fairchem(path: Path, device: str, precision: str) -> Calculator:
+    """fairchem's calculator on ``path`` as its users get it (``execution_mode`` left to
+    fairchem): the ``high-precision`` preset, or ``multigpu`` (TF32) for ``tf32``."""
+    preset = "multigpu" if precision == "tf32" else "high-precision"
+    return fairchem_preset_calculator(path, "omat", device, preset)
+
+
+def uma(
+    device: str, mode: str | None, precision: str, path: Path
+) -> tuple[Calculator, PhaseTimer]:
     import fastcalc.neighbors as neighbors
     import fastcalc.uma.calculator as module
 
-    path = Path(tempfile.mkdtemp()) / "uma-s.pt"
-    build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
     calc = module.BucketedCalculator(
         path, task_name="omat", device=device, compile_mode=mode or "reduce-overhead",
         precision=precision,
@@ -193,6 +218,8 @@ def uma(device: str, mode: str | None, precision: str) -> tuple[Calculator, Phas
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("model", choices=["pet", "uma"])
+    parser.add_argument("upstream", nargs="?", choices=["fairchem"],
+                        help="with uma --kernels: profile fairchem's calculator too")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 1008])
     parser.add_argument("--calls", type=int, default=20)
@@ -201,14 +228,25 @@ def main() -> None:
     parser.add_argument("--snapshot", type=Path, metavar="FILE",
                         help="with --kernels: write a CUDA memory snapshot of one call")
     args = parser.parse_args()
+    if args.upstream and (args.model != "uma" or not args.kernels):
+        parser.error("fairchem is profiled with uma --kernels only")
     warnings.filterwarnings("ignore")
     mode = "default" if args.kernels else None
-    calc, timer = (pet if args.model == "pet" else uma)(args.device, mode, args.precision)
+    if args.model == "pet":
+        calc, timer = pet(args.device, mode, args.precision)
+    else:
+        path = uma_checkpoint()
+        calc, timer = uma(args.device, mode, args.precision, path)
+    contenders = {"fastcalc": calc}
+    if args.upstream:
+        contenders["fairchem"] = fairchem(path, args.device, args.precision)
     for natoms in args.sizes:
-        if args.kernels:
-            kernels(calc, natoms, args.snapshot)
-        else:
-            profile(calc, timer, natoms, args.calls)
+        for name, each in contenders.items():
+            if args.kernels:
+                print(f"\n#### {name}")
+                kernels(each, natoms, args.snapshot if name == "fastcalc" else None)
+            else:
+                profile(each, timer, natoms, args.calls)
 
 
 if __name__ == "__main__":
