@@ -39,7 +39,7 @@ from .bench.suite import (
 )
 from .bench.timing import COPPER_REPEATS
 from .calculator import InvalidAtomsError
-from .compile_cache import CompileCache
+from .compile_cache import CONVERTED, CompileCache
 from .precision import PRECISIONS
 from .md import (
     ENSEMBLES,
@@ -427,6 +427,10 @@ def _cache(args: argparse.Namespace) -> None:
                             ("device", "dtype", "precision", "compile_mode", "torch") if name in key)
         print(f"  {entry.path.name}  model {key['model'][:12]}  {details}  "
               f"{entry.size / 2**20:.1f} MiB  {when:%Y-%m-%d %H:%M}")
+    converted = cache.converted()
+    size = sum(path.stat().st_size for path in converted) / 2**20
+    print(f"{len(converted)} models converted from their files ({size:.1f} MiB) in "
+          f"{cache.folder / CONVERTED}")
 
 
 def main(argv: list[str] | None = None) -> None:

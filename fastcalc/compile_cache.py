@@ -48,6 +48,8 @@ __all__ = ["CACHE_ENV", "CacheKey", "CompileCache", "default_cache_dir", "tensor
 #: Environment variable naming the cache folder.
 CACHE_ENV = "FASTCALC_CACHE_DIR"
 _SUFFIX = ".fastcalc-compiled"
+#: The subfolder of models converted from their files (:mod:`fastcalc.converted`).
+CONVERTED = "converted"
 _MAGIC = b"fastcalc-compiled-2\n"
 
 
@@ -218,22 +220,14 @@ class CompileCache:
             "compiled_bytes": len(saved.compiled),
             "artifacts_bytes": len(artifacts),
         }).encode()
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.folder, suffix=".tmp", delete=False) as file:
-                file.write(_MAGIC + header + b"\n" + payload)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(file.name, self.path(key))
-        except OSError as error:
-            warnings.warn(
-                f"fastcalc: cannot store the compiled model in {self.folder} ({error}); "
-                f"set {CACHE_ENV} or cache_dir= to a writable folder, or cache_dir=False",
-                UserWarning,
-                stacklevel=2,
-            )
+        data = _MAGIC + header + b"\n" + payload
+        if not write_atomically(self.path(key), data, "the compiled model"):
             return None
         return self.path(key)
+
+    def converted(self) -> list[Path]:
+        """The models stored as converted from their files (:mod:`fastcalc.converted`)."""
+        return sorted(p for p in (self.folder / CONVERTED).glob("*") if p.suffix != ".tmp")
 
     def entries(self) -> list[CacheEntry]:
         """The stored compilations, newest first (unreadable ones with an empty key)."""
@@ -248,13 +242,38 @@ class CompileCache:
         return sorted(found, key=lambda entry: entry.modified, reverse=True)
 
     def clear(self, entries: Iterable[CacheEntry] | None = None) -> int:
-        """Remove ``entries`` (default: all, and stale temporary files); how many went."""
+        """Remove ``entries`` (default: all, the converted models and stale temporary
+        files); how many went."""
         paths = [entry.path for entry in (self.entries() if entries is None else entries)]
-        if entries is None:  # temporary files of writers that died an hour ago or more
-            paths += [p for p in self.folder.glob("*.tmp") if time.time() - p.stat().st_mtime > 3600]
+        if entries is None:  # and temporary files of writers that died an hour ago or more
+            paths += self.converted()
+            paths += [p for folder in (self.folder, self.folder / CONVERTED)
+                      for p in folder.glob("*.tmp") if time.time() - p.stat().st_mtime > 3600]
         for path in paths:
             path.unlink(missing_ok=True)
         return len(paths)
+
+
+def write_atomically(path: Path, data: bytes, what: str) -> bool:
+    """Write ``data`` (``what``, for the warning) to ``path`` through a temporary file
+    renamed into place, so that no reader sees half of it; False, after one warning, when
+    the folder cannot be written (the model runs regardless)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(file.name, path)
+    except OSError as error:
+        warnings.warn(
+            f"fastcalc: cannot store {what} in {path.parent} ({error}); set "
+            f"{CACHE_ENV} or cache_dir= to a writable folder, or cache_dir=False",
+            UserWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def _read(path: Path) -> tuple[dict, SavedGraph, bytes, bytes]:

@@ -183,8 +183,9 @@ def test_pet_demo_conserves_energy_over_200_nve_steps():
 
 
 def test_compile_fills_the_cache_that_a_later_calculator_starts_from(tmp_path, capsys):
-    """``fastcalc compile`` stores the model; ``cache list`` shows it, a calculator built
-    later compiles from it, and ``cache clear`` removes it."""
+    """``fastcalc compile`` stores the model and its conversion from the file; ``cache
+    list`` shows both, a calculator built later compiles from them, and ``cache clear``
+    removes them."""
     from fastcalc import CompiledPETCalculator
 
     main(["compile", "pet-demo-cu", "--device", "cpu", "--cache-dir", str(tmp_path)])
@@ -192,6 +193,7 @@ def test_compile_fills_the_cache_that_a_later_calculator_starts_from(tmp_path, c
     main(["cache", "list", "--cache-dir", str(tmp_path)])
     listed = capsys.readouterr().out
     assert listed.startswith("1 compiled models in") and "dtype float32" in listed
+    assert "1 models converted from their files" in listed
     atoms = bulk("Cu", cubic=True).repeat(2)
     atoms.calc = CompiledPETCalculator(
         "pet-demo-cu", device="cpu", compile_mode="default", cache_dir=tmp_path
@@ -199,7 +201,7 @@ def test_compile_fills_the_cache_that_a_later_calculator_starts_from(tmp_path, c
     atoms.get_forces()
     assert atoms.calc.compile_stats["from_cache"] == 1
     main(["cache", "clear", "--cache-dir", str(tmp_path)])
-    assert "removed 1 entries" in capsys.readouterr().out
+    assert "removed 2 entries" in capsys.readouterr().out
 
 
 def screen_input(folder) -> str:

@@ -37,12 +37,13 @@ from ..calculator import (
     to_host,
 )
 from ..registry import resolve_model_path
-from ..compile_cache import tensors_digest
+from ..compile_cache import CompileCache, tensors_digest
+from ..converted import converted
 from ..tracing import resolve_compile_mode
 from .core import PETCore
 from .energy import apply_reference
 from .layout import Candidates, sized_candidates
-from .load import PETMetadata, load_pet
+from .load import PETMetadata, load_pet, pack, unpack
 from ..buckets import atom_mask, pad_atoms, pad_systems, padded_size
 from .padding import ATOM_STEP, WIDTH_STEP, PaddedShape, padded_shape
 from .trace import BatchGraph, StepGraph, graph_inputs
@@ -70,11 +71,15 @@ def _legacy_compile_mode(
     return compile_mode
 
 
-def _load(model: str | Path | tuple[PETCore, PETMetadata]) -> tuple[PETCore, PETMetadata]:
+def _load(
+    model: str | Path | tuple[PETCore, PETMetadata], folder: Path | None
+) -> tuple[PETCore, PETMetadata]:
+    """The core and metadata of ``model``; a file's conversion is kept in the cache
+    ``folder`` (None: not kept), so that a later process skips metatomic's reader."""
     if isinstance(model, tuple):
         core, metadata = model
         return core, metadata
-    return load_pet(resolve_model_path(model))
+    return converted(resolve_model_path(model), folder, load_pet, pack, unpack, "pet")
 
 
 class Topology(NamedTuple):
@@ -160,7 +165,10 @@ class CompiledPETCalculator(TorchCalculator):
         **kwargs,
     ) -> None:
         compile_mode = _legacy_compile_mode(compile_mode, compile, resolve_device(device))
-        core, metadata = _load(model)
+        resolved = resolve_compile_mode(compile_mode, resolve_device(device))
+        cache_dir = kwargs.get("cache_dir")
+        folder = None if resolved == "eager" or cache_dir is False else CompileCache(cache_dir).folder
+        core, metadata = _load(model, folder)
         super().__init__(
             metadata.cutoff,
             supported_numbers=metadata.atomic_types,
@@ -173,7 +181,7 @@ class CompiledPETCalculator(TorchCalculator):
         # the energy reference is applied on the host, in float64, after the single transfer
         self.reference = metadata.reference()
         self._host_species = self.core.species_index.cpu().numpy()
-        self.compile_mode = resolve_compile_mode(compile_mode, self.device)
+        self.compile_mode = resolved
         self._runner = self.graph_runner(StepGraph(self.core), self.compile_mode)
         self._batch_runner = self.graph_runner(BatchGraph(self.core), self.compile_mode, "batch")
         name = str(model) if isinstance(model, (str, Path)) else "PETCore"

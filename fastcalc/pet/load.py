@@ -7,8 +7,10 @@ the per-element composition energies and the energy scale.
 
 from __future__ import annotations
 
+import io
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,31 @@ def load_pet(path: str | Path, target: str = "energy") -> tuple[PETCore, PETMeta
         outputs = capabilities.outputs
         units = (capabilities.length_unit, outputs[target].unit if target in outputs else "")
     return _from_pet_module(pet, target, units, str(path))
+
+
+def pack(model: tuple[PETCore, PETMetadata]) -> bytes:
+    """A loaded PET as bytes (weights and metadata, no code) for
+    :func:`fastcalc.converted.converted`; :func:`unpack` reads them back."""
+    core, metadata = model
+    fields = {**asdict(metadata), "dtype": str(metadata.dtype).removeprefix("torch.")}
+    buffer = io.BytesIO()
+    torch.save({"metadata": json.dumps(fields), "state": core.state_dict()}, buffer)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes) -> tuple[PETCore, PETMetadata]:
+    """The PET core and metadata that :func:`pack` turned into ``data``."""
+    stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    fields = json.loads(stored["metadata"])
+    metadata = PETMetadata(**{
+        **fields,
+        "hypers": PETHypers(**fields["hypers"]),
+        "composition_energies": {int(z): e for z, e in fields["composition_energies"].items()},
+        "dtype": getattr(torch, fields["dtype"]),
+    })
+    core = PETCore(metadata.hypers, metadata.atomic_types).to(metadata.dtype)
+    core.load_state_dict(stored["state"])
+    return core.eval().requires_grad_(False), metadata
 
 
 def _module_from_checkpoint(path: Path) -> Any:

@@ -1,0 +1,68 @@
+"""Models converted from their upstream files, kept in the disk cache by file identity.
+
+Reading a model file through its upstream library can cost a warm start more than the
+model's arithmetic: a PET ``.pt`` export is opened by metatomic, whose import compiles
+metatensor-operations' TorchScript functions (1.0 s of building the calculator on the
+H200, 2.2 s on a 2-core CPU). The first process that converts a file stores the result
+(weights and metadata, no code) next to the compiled models; a later process that finds
+the same file (same resolved path, size, modification time and inode) reads that instead.
+A file changed in any of those reads afresh, and so does a new fastcalc or torch (the
+conversion's code and the storage format may differ). An entry that cannot be read is
+reported in one warning, converted again and replaced; entries are written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+from .compile_cache import CONVERTED, source_digest, write_atomically
+
+__all__ = ["converted", "file_identity"]
+
+Model = TypeVar("Model")
+
+
+def file_identity(path: Path) -> str:
+    """A digest of what makes ``path``'s conversion reusable: the resolved path, size,
+    modification time and inode of the file, fastcalc's source and torch's version."""
+    path = path.resolve()
+    stat = path.stat()
+    fields = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, source_digest(),
+              torch.__version__)
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:32]
+
+
+def converted(
+    path: Path,
+    folder: Path | None,
+    read: Callable[[Path], Model],
+    pack: Callable[[Model], bytes],
+    unpack: Callable[[bytes], Model],
+    kind: str,
+) -> Model:
+    """``read(path)``, or its stored conversion from ``folder`` (the cache folder; None:
+    no storing); ``pack`` and ``unpack`` turn the model into bytes and back, ``kind``
+    names the format in the entry's file name."""
+    if folder is None:
+        return read(path)
+    entry = folder / CONVERTED / f"{file_identity(path)}.{kind}"
+    if entry.exists():
+        try:
+            return unpack(entry.read_bytes())
+        except Exception as error:  # any damage: report, read the file, replace the entry
+            warnings.warn(
+                f"fastcalc: converted model {entry} is unusable ({error}); reading {path} "
+                "again and replacing it",
+                UserWarning,
+                stacklevel=3,
+            )
+            entry.unlink(missing_ok=True)
+    model = read(path)
+    write_atomically(entry, pack(model), "the converted model")
+    return model
