@@ -14,6 +14,8 @@ reported in one warning, converted again and replaced; entries are written atomi
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ from .compile_cache import CONVERTED, source_digest, write_atomically
 __all__ = ["converted", "file_identity"]
 
 Model = TypeVar("Model")
+_log = logging.getLogger("fastcalc")
 
 
 def file_identity(path: Path) -> str:
@@ -51,10 +54,14 @@ def converted(
     names the format in the entry's file name."""
     if folder is None:
         return read(path)
+    start = time.perf_counter()
     entry = folder / CONVERTED / f"{file_identity(path)}.{kind}"
     if entry.exists():
         try:
-            return unpack(entry.read_bytes())
+            model = unpack(entry.read_bytes())
+            _log.info("fastcalc: %s read from its stored conversion %s in %.1f s", path, entry,
+                      time.perf_counter() - start)
+            return model
         except Exception as error:  # any damage: report, read the file, replace the entry
             warnings.warn(
                 f"fastcalc: converted model {entry} is unusable ({error}); reading {path} "
@@ -65,4 +72,6 @@ def converted(
             entry.unlink(missing_ok=True)
     model = read(path)
     write_atomically(entry, pack(model), "the converted model")
+    _log.info("fastcalc: %s read and its conversion stored in %.1f s", path,
+              time.perf_counter() - start)
     return model

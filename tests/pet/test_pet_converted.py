@@ -88,3 +88,13 @@ def test_clearing_the_cache_removes_converted_models(tmp_path, model_file):
     assert len(cache.converted()) == 1
     assert cache.clear() == 1
     assert cache.converted() == []
+
+
+def test_the_log_says_where_the_model_came_from(tmp_path, model_file, caplog):
+    with caplog.at_level("INFO", logger="fastcalc"):
+        build(model_file, tmp_path / "cache")
+        build(model_file, tmp_path / "cache")
+    messages = [r.getMessage() for r in caplog.records if str(model_file) in r.getMessage()]
+    assert len(messages) == 2
+    assert "read and its conversion stored" in messages[0]
+    assert "read from its stored conversion" in messages[1]
