@@ -21,6 +21,7 @@ kernel families can be compared side by side; fairchem takes ``--kernels`` only.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -237,16 +238,21 @@ def main() -> None:
     else:
         path = uma_checkpoint()
         calc, timer = uma(args.device, mode, args.precision, path)
-    contenders = {"fastcalc": calc}
-    if args.upstream:
-        contenders["fairchem"] = fairchem(path, args.device, args.precision)
     for natoms in args.sizes:
-        for name, each in contenders.items():
-            if args.kernels:
-                print(f"\n#### {name}")
-                kernels(each, natoms, args.snapshot if name == "fastcalc" else None)
-            else:
-                profile(each, timer, natoms, args.calls)
+        if args.kernels:
+            print(f"\n#### fastcalc, {natoms} atoms")
+            kernels(calc, natoms, args.snapshot)
+        else:
+            profile(calc, timer, natoms, args.calls)
+    if args.upstream:  # after fastcalc's memory is freed, so that the peaks compare
+        del calc, timer
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        upstream = fairchem(path, args.device, args.precision)
+        for natoms in args.sizes:
+            print(f"\n#### fairchem, {natoms} atoms")
+            kernels(upstream, natoms)
 
 
 if __name__ == "__main__":
