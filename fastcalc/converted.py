@@ -7,7 +7,8 @@ H200, 2.2 s on a 2-core CPU). The first process that converts a file stores the 
 (weights and metadata, no code) next to the compiled models; a later process that finds
 the same file (same resolved path, size, modification time and inode) reads that instead.
 A file changed in any of those reads afresh, and so does a new fastcalc or torch (the
-conversion's code and the storage format may differ). An entry that cannot be read is
+conversion's code and the storage format may differ); the new conversion replaces the
+file's older one. An entry that cannot be read is
 reported in one warning, converted again and replaced; entries are written atomically.
 """
 
@@ -25,20 +26,24 @@ import torch
 
 from .compile_cache import CONVERTED, source_digest, write_atomically
 
-__all__ = ["converted", "file_identity"]
+__all__ = ["converted", "entry_name"]
 
 Model = TypeVar("Model")
 _log = logging.getLogger("fastcalc")
 
 
-def file_identity(path: Path) -> str:
-    """A digest of what makes ``path``'s conversion reusable: the resolved path, size,
-    modification time and inode of the file, fastcalc's source and torch's version."""
+def entry_name(path: Path, kind: str) -> str:
+    """The file name of ``path``'s conversion: a digest of the resolved path, then one of
+    what makes the conversion reusable (the file's size, modification time and inode,
+    fastcalc's source and torch's version), then ``kind``."""
     path = path.resolve()
     stat = path.stat()
-    fields = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, source_digest(),
-              torch.__version__)
-    return hashlib.sha256(repr(fields).encode()).hexdigest()[:32]
+    state = (stat.st_size, stat.st_mtime_ns, stat.st_ino, source_digest(), torch.__version__)
+    return f"{_digest(str(path))}.{_digest(repr(state))}.{kind}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def converted(
@@ -55,7 +60,7 @@ def converted(
     if folder is None:
         return read(path)
     start = time.perf_counter()
-    entry = folder / CONVERTED / f"{file_identity(path)}.{kind}"
+    entry = folder / CONVERTED / entry_name(path, kind)
     if entry.exists():
         try:
             model = unpack(entry.read_bytes())
@@ -71,7 +76,11 @@ def converted(
             )
             entry.unlink(missing_ok=True)
     model = read(path)
-    write_atomically(entry, pack(model), "the converted model")
+    if write_atomically(entry, pack(model), "the converted model"):
+        same_file = entry.name.split(".")[0]
+        for older in entry.parent.glob(f"{same_file}.*.{kind}"):  # the file before it changed
+            if older != entry:
+                older.unlink(missing_ok=True)
     _log.info("fastcalc: %s read and its conversion stored in %.1f s", path,
               time.perf_counter() - start)
     return model

@@ -56,12 +56,16 @@ def test_a_second_calculator_reads_the_stored_conversion(tmp_path, pet_models, l
         assert torch.equal(tensor, expected[name]), name
 
 
-def test_a_changed_file_is_read_again(tmp_path, model_file, reads):
+def test_a_changed_file_is_read_again_and_its_old_conversion_dropped(tmp_path, model_file,
+                                                                     reads):
     build(model_file, tmp_path / "cache")
+    (before,) = CompileCache(tmp_path / "cache").converted()
     modified = os.stat(model_file).st_mtime_ns + 10**9
     os.utime(model_file, ns=(modified, modified))
     build(model_file, tmp_path / "cache")
     assert reads == [model_file, model_file]
+    (after,) = CompileCache(tmp_path / "cache").converted()
+    assert after != before
 
 
 def test_a_damaged_conversion_is_reported_read_again_and_replaced(tmp_path, model_file, reads):
@@ -98,3 +102,11 @@ def test_the_log_says_where_the_model_came_from(tmp_path, model_file, caplog):
     assert len(messages) == 2
     assert "read and its conversion stored" in messages[0]
     assert "read from its stored conversion" in messages[1]
+
+
+def test_each_file_keeps_its_own_conversion(tmp_path, model_file, reads):
+    other = shutil.copy(model_file, tmp_path / "other.pt")
+    for path in (model_file, other, model_file, other):
+        build(path, tmp_path / "cache")
+    assert reads == [model_file, other]
+    assert len(CompileCache(tmp_path / "cache").converted()) == 2
