@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -87,11 +88,16 @@ def _fill_bytecode_cache(env: dict[str, str], upstream: list[str]) -> None:
                    capture_output=True)
 
 
+#: fastcalc's progress line while it compiles or runs ("... the model: 00:12").
+_PROGRESS = re.compile(r": \d\d:\d\d\s*$")
+
+
 def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
     """Seconds from starting :data:`PROCESS` with ``ARGS`` to the moment it reports its
     first result (``first_result_s``) and its phases (``import_s``, ``build_s``,
     ``call_s``), less the time it spent importing fastcalc's helper for an upstream
-    calculator; prints what fastcalc logged of its first call."""
+    calculator; prints what fastcalc logged at INFO level (reading the model, its first
+    call)."""
     start = time.time()
     done = subprocess.run(
         [sys.executable, str(PROCESS), *args], env=env, capture_output=True, text=True,
@@ -99,8 +105,8 @@ def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
     )
     if done.returncode != 0:
         raise RuntimeError(f"first-result process {args} failed:\n{done.stderr[-3000:]}")
-    for line in done.stderr.splitlines():
-        if line.startswith("fastcalc: first compiled call"):
+    for line in done.stderr.splitlines():  # fastcalc's INFO lines, not its progress line
+        if line.startswith("fastcalc: ") and not _PROGRESS.search(line):
             print(f"{args[0]} {args[1]}: {line}", flush=True)
     times = json.loads(done.stdout.strip().splitlines()[-1])
     harness = times["harness_s"]
