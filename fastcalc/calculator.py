@@ -215,6 +215,14 @@ def _symbol(number: int) -> str:
     return chemical_symbols[number] if 0 <= number < len(chemical_symbols) else f"Z={number}"
 
 
+def disk_cache(mode: str, cache_dir: str | Path | Literal[False] | None) -> CompileCache | None:
+    """The disk cache a calculator compiling in ``mode`` uses with its ``cache_dir``
+    (None, the default folder; False, none): none for eager calculators."""
+    if mode == "eager" or cache_dir is False:
+        return None
+    return CompileCache(cache_dir)
+
+
 class TorchCalculator(Calculator):
     """Base of fastcalc's ASE calculators; subclasses implement :meth:`evaluate`.
 
@@ -483,9 +491,9 @@ class TorchCalculator(Calculator):
         ``graph``: ``"single"`` or ``"batch"``) in ``mode``, with this calculator's disk
         cache of compiled models unless ``cache_dir`` is False. ``fn`` reads no tensors
         but its inputs and those of the model's ``core``."""
-        if mode == "eager" or self.cache_dir is False:
+        cache = disk_cache(mode, self.cache_dir)
+        if cache is None:
             return GraphRunner(fn, mode)
-        cache = CompileCache(self.cache_dir)
         return GraphRunner(fn, mode, cache, partial(self._cache_key, graph), owner=self.core)
 
     def _cache_key(self, graph: str) -> CacheKey:

@@ -33,11 +33,12 @@ from ..calculator import (
     Result,
     System,
     TorchCalculator,
+    disk_cache,
     resolve_device,
     to_host,
 )
 from ..registry import resolve_model_path
-from ..compile_cache import CompileCache, tensors_digest
+from ..compile_cache import tensors_digest
 from ..converted import converted
 from ..tracing import resolve_compile_mode
 from .core import PETCore
@@ -164,11 +165,11 @@ class CompiledPETCalculator(TorchCalculator):
         compile: bool | None = None,
         **kwargs,
     ) -> None:
-        compile_mode = _legacy_compile_mode(compile_mode, compile, resolve_device(device))
-        resolved = resolve_compile_mode(compile_mode, resolve_device(device))
-        cache_dir = kwargs.get("cache_dir")
-        folder = None if resolved == "eager" or cache_dir is False else CompileCache(cache_dir).folder
-        core, metadata = _load(model, folder)
+        target = resolve_device(device)
+        compile_mode = _legacy_compile_mode(compile_mode, compile, target)
+        resolved = resolve_compile_mode(compile_mode, target)
+        cache = disk_cache(resolved, kwargs.get("cache_dir"))
+        core, metadata = _load(model, None if cache is None else cache.folder)
         super().__init__(
             metadata.cutoff,
             supported_numbers=metadata.atomic_types,
