@@ -38,13 +38,8 @@ from torch.autograd import DeviceType
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fastcalc.bench import copper  # noqa: E402
-from fastcalc.bench.suite import PET_S, UMA_S  # noqa: E402
-from fastcalc.bench.upstream import (  # noqa: E402
-    build_checkpoint,
-    default_backbone,
-    export_pet,
-    fairchem_preset_calculator,
-)
+from fastcalc.bench.suite import PET_S, uma_contest  # noqa: E402
+from fastcalc.bench.upstream import export_pet  # noqa: E402
 
 
 def _sync() -> None:
@@ -181,20 +176,6 @@ def pet(device: str, mode: str | None, precision: str) -> tuple[Calculator, Phas
     return calc, timer
 
 
-def uma_checkpoint() -> Path:
-    """The random UMA-S-shaped checkpoint ``fastcalc bench uma`` uses, in a new folder."""
-    path = Path(tempfile.mkdtemp()) / "uma-s.pt"
-    build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
-    return path
-
-
-def fairchem(path: Path, device: str, precision: str) -> Calculator:
-    """fairchem's calculator on ``path`` as its users get it (``execution_mode`` left to
-    fairchem): the ``high-precision`` preset, or ``multigpu`` (TF32) for ``tf32``."""
-    preset = "multigpu" if precision == "tf32" else "high-precision"
-    return fairchem_preset_calculator(path, "omat", device, preset)
-
-
 def uma(
     device: str, mode: str | None, precision: str, path: Path
 ) -> tuple[Calculator, PhaseTimer]:
@@ -235,9 +216,9 @@ def main() -> None:
     mode = "default" if args.kernels else None
     if args.model == "pet":
         calc, timer = pet(args.device, mode, args.precision)
-    else:
-        path = uma_checkpoint()
-        calc, timer = uma(args.device, mode, args.precision, path)
+    else:  # the UMA-S-shaped checkpoint and fairchem contenders of ``fastcalc bench uma``
+        contest = uma_contest(Path(tempfile.mkdtemp()), args.device, small=False)
+        calc, timer = uma(args.device, mode, args.precision, contest.path)
     for natoms in args.sizes:
         if args.kernels:
             print(f"\n#### fastcalc, {natoms} atoms")
@@ -249,7 +230,8 @@ def main() -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        upstream = fairchem(path, args.device, args.precision)
+        name = "fairchem-tf32" if args.precision == "tf32" else "fairchem"
+        upstream = contest.contenders()[name]()
         for natoms in args.sizes:
             print(f"\n#### fairchem, {natoms} atoms")
             kernels(upstream, natoms)

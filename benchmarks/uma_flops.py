@@ -26,8 +26,8 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fastcalc.bench import copper  # noqa: E402
-from fastcalc.bench.suite import UMA_S  # noqa: E402
-from fastcalc.bench.upstream import build_checkpoint, default_backbone  # noqa: E402
+from fastcalc.bench.suite import uma_contest  # noqa: E402
+from fastcalc.bench.upstream import fairchem_preset_calculator  # noqa: E402
 from fastcalc.uma.calculator import BucketedCalculator  # noqa: E402
 
 
@@ -43,14 +43,10 @@ def flops(calc: Calculator, natoms: int) -> dict[str, int]:
 
 def fairchem(path: Path, mode: str) -> Calculator:
     """fairchem's ``high-precision`` preset on CPU, uncompiled, on backend ``mode``."""
-    from fairchem.core.calculate.ase_calculator import FAIRChemCalculator
-    from fairchem.core.units.mlip_unit import load_predict_unit
     from fairchem.core.units.mlip_unit.api.inference import guess_inference_settings
 
-    settings = replace(guess_inference_settings("high-precision"), compile=False,
-                       execution_mode=mode)
-    return FAIRChemCalculator(load_predict_unit(str(path), inference_settings=settings,
-                                                device="cpu"), task_name="omat")
+    settings = replace(guess_inference_settings("high-precision"), compile=False)
+    return fairchem_preset_calculator(path, "omat", "cpu", settings, execution_mode=mode)
 
 
 def main() -> None:
@@ -58,8 +54,7 @@ def main() -> None:
     parser.add_argument("--atoms", type=int, default=32)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    path = Path(tempfile.mkdtemp()) / "uma-s.pt"
-    build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
+    path = uma_contest(Path(tempfile.mkdtemp()), "cpu", small=False).path
     contenders = {
         "fastcalc": lambda: BucketedCalculator(path, task_name="omat", device="cpu",
                                                compile_mode="eager"),

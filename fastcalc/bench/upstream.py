@@ -27,6 +27,7 @@ from ..precision import global_tf32
 from .throughput import Evaluator, Results
 
 if TYPE_CHECKING:
+    from fairchem.core.units.mlip_unit.api.inference import InferenceSettings
     from fairchem.core.units.mlip_unit.predict import MLIPPredictUnit
 
 __all__ = [
@@ -294,10 +295,11 @@ def fairchem_calculator(
 def fairchem_preset_unit(
     path: Path,
     device: str,
-    preset: str = "high-precision",
+    preset: str | InferenceSettings = "high-precision",
     execution_mode: str | None = None,
 ) -> MLIPPredictUnit:
-    """fairchem's predict unit as a user gets it from a named inference preset.
+    """fairchem's predict unit as a user gets it from a named inference preset (or from
+    fairchem's ``InferenceSettings``, which a preset names).
 
     ``high-precision`` is float32 without TF32, merged experts and ``torch.compile``,
     with the execution backend left to fairchem (``umas_fast_gpu`` for lmax = mmax = 2
@@ -317,7 +319,7 @@ def fairchem_preset_calculator(
     path: Path,
     task: str,
     device: str,
-    preset: str = "high-precision",
+    preset: str | InferenceSettings = "high-precision",
     execution_mode: str | None = None,
 ) -> Calculator:
     """fairchem's ASE calculator on :func:`fairchem_preset_unit`."""
