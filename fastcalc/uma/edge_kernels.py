@@ -3,7 +3,8 @@
 One program handles a few edges and all channels of one side (neighbour or centre)
 of each: it gathers the atom's features (K, C) once, rotates them with plain FMAs
 (IEEE float32 or float64, never TF32), and writes or accumulates what the operator
-asks. Sums over edges into atoms use atomic adds, as ``index_add`` does on CUDA; the
+asks. Sums over edges into atoms use relaxed atomic adds (no ordering: nothing reads the
+sums before the kernel ends), as inductor's ``index_add`` does on CUDA; the
 sums over the two signs of m are made in registers and those over the two sides by
 the caller. The radial rows and edge-frame components follow the layout of
 ``edge_ops.radial_rows``, unrolled at compile time.
@@ -144,7 +145,7 @@ def _pairs_backward_kernel(
                 grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus + LMAX - m + 1, M, K, C)
             grad_x += update
             tl.store(grad_radial_ptr + radial + row * 2 * C, grad_plus + grad_minus, mask=mask)
-    tl.atomic_add(grad_x_ptr + x_offsets, grad_x, mask=x_mask)
+    tl.atomic_add(grad_x_ptr + x_offsets, grad_x, mask=x_mask, sem="relaxed")
 
 
 @triton.jit
@@ -172,7 +173,8 @@ def _to_nodes_kernel(
         r = tl.load(rot_ptr + e[:, None] * (M * K) + i[None, :] * K + kk,
                     mask=e_ok[:, None] & i_ok[None, :], other=0.0)
         back = tl.sum(r[:, :, None] * messages, axis=1) * envelope[:, None]
-        tl.atomic_add(out_ptr + centre[:, None] * (K * C) + kk * C + c[None, :], back, mask=ec_mask)
+        tl.atomic_add(out_ptr + centre[:, None] * (K * C) + kk * C + c[None, :], back, mask=ec_mask,
+                      sem="relaxed")
 
 
 @triton.jit
