@@ -262,15 +262,16 @@ def _to_nodes_backward_blocked_kernel(
     tl.store(grad_env_ptr + e, grad_envelope, mask=e_ok)
 
 
-def _blocked_layout(x, rotation, radial, mmax):
-    k, channels = x.shape[1], x.shape[2]
+def _blocked_layout(rotation, channels, mmax):
+    """Compile-time sizes and tile of the "(blocks)" kernels for rotations (E, M, K)."""
+    _, m, k = rotation.shape
     lmax = math.isqrt(k) - 1
     degree_block = triton.next_power_of_2(2 * lmax + 1)
     block_c = triton.next_power_of_2(channels)
     return dict(
-        LMAX=lmax, MMAX=mmax, M=rotation.shape[1], K=k, NR=radial.shape[1] // (2 * channels),
-        KB=degree_block, BLOCK_E=max(1, edge_kernels.TILE // (degree_block * block_c)),
-        BLOCK_C=block_c, num_warps=edge_kernels.WARPS,
+        LMAX=lmax, MMAX=mmax, M=m, K=k, KB=degree_block,
+        BLOCK_E=max(1, edge_kernels.TILE // (degree_block * block_c)), BLOCK_C=block_c,
+        num_warps=edge_kernels.WARPS,
     )
 
 
@@ -278,7 +279,8 @@ def pairs_blocked(x, rotation, radial, neighbour, centre, mmax):
     """Candidate for ``edge_kernels.pairs``: degree blocks (see above)."""
     edges, m, _ = rotation.shape
     out = x.new_empty(edges, m, 2 * x.shape[2])
-    layout = _blocked_layout(x, rotation, radial, mmax)
+    layout = _blocked_layout(rotation, x.shape[2], mmax)
+    layout["NR"] = radial.shape[1] // (2 * x.shape[2])
     _pairs_blocked_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
         x, rotation, radial, torch.stack((neighbour, centre)), out, edges, x.shape[2], **layout
     )
@@ -291,7 +293,8 @@ def pairs_backward_blocked(grad, x, rotation, radial, neighbour, centre, mmax):
     grad_x = torch.zeros_like(x)
     grad_rotation = rotation.new_zeros(2, *rotation.shape)
     grad_radial = torch.empty_like(radial)
-    layout = _blocked_layout(x, rotation, radial, mmax)
+    layout = _blocked_layout(rotation, x.shape[2], mmax)
+    layout["NR"] = radial.shape[1] // (2 * x.shape[2])
     _pairs_backward_blocked_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
         grad, x, rotation, radial, torch.stack((neighbour, centre)),
         grad_x, grad_rotation, grad_radial, edges, x.shape[2], **layout
@@ -299,22 +302,10 @@ def pairs_backward_blocked(grad, x, rotation, radial, neighbour, centre, mmax):
     return grad_x, grad_rotation.sum(dim=0), grad_radial
 
 
-def _nodes_layout(messages, rotation, mmax):
-    edges, m, k = rotation.shape
-    lmax = math.isqrt(k) - 1
-    degree_block = triton.next_power_of_2(2 * lmax + 1)
-    block_c = triton.next_power_of_2(messages.shape[2])
-    return dict(
-        LMAX=lmax, MMAX=mmax, M=m, K=k, KB=degree_block,
-        BLOCK_E=max(1, edge_kernels.TILE // (degree_block * block_c)), BLOCK_C=block_c,
-        num_warps=edge_kernels.WARPS,
-    )
-
-
 def to_nodes_blocked(x, messages, rotation, envelope, centre, mmax):
     """Candidate for ``edge_kernels.to_nodes``: degree blocks (see above)."""
     out = x.clone()
-    layout = _nodes_layout(messages, rotation, mmax)
+    layout = _blocked_layout(rotation, messages.shape[2], mmax)
     _to_nodes_blocked_kernel[(triton.cdiv(rotation.shape[0], layout["BLOCK_E"]),)](
         messages, rotation, envelope, centre, out, rotation.shape[0], messages.shape[2], **layout
     )
@@ -326,7 +317,7 @@ def to_nodes_backward_blocked(grad, messages, rotation, envelope, centre, mmax):
     grad_messages = torch.empty_like(messages)
     grad_rotation = torch.zeros_like(rotation)
     grad_envelope = torch.empty_like(envelope)
-    layout = _nodes_layout(messages, rotation, mmax)
+    layout = _blocked_layout(rotation, messages.shape[2], mmax)
     _to_nodes_backward_blocked_kernel[(triton.cdiv(rotation.shape[0], layout["BLOCK_E"]),)](
         grad, messages, rotation, envelope, centre, grad_messages, grad_rotation, grad_envelope,
         rotation.shape[0], messages.shape[2], **layout
