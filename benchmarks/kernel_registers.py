@@ -1,7 +1,6 @@
 """Registers, spills and resident warps of UMA's edge kernels on an H100/H200, without a GPU.
 
-Compiles each Triton kernel of :mod:`fastcalc.uma.edge_kernels`, and the candidates of
-``benchmarks/edge_kernels.py``, for sm_90 at the UMA-S sizes (lmax = mmax = 2, 128
+Compiles each Triton kernel of :mod:`fastcalc.uma.edge_kernels` for sm_90 at the UMA-S sizes (lmax = mmax = 2, 128
 channels) for each number of edges per program and warps, runs Triton's bundled ptxas with
 ``-v`` on the PTX and prints what it reports, with the warps one SM can hold at that
 register count (65,536 registers, at most 32 programs). A kernel at 255 registers holds 8
@@ -24,32 +23,22 @@ from triton.compiler import ASTSource
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import edge_kernels as candidates  # noqa: E402
-
 from fastcalc.uma import edge_kernels  # noqa: E402
 
 F32, I64, I32 = "*fp32", "*i64", "i32"
-PAIRS = dict(x_ptr=F32, rot_ptr=F32, radial_ptr=F32, src_ptr=I64, out_ptr=F32, E=I32, C=I32)
-PAIRS_BACKWARD = dict(grad_ptr=F32, x_ptr=F32, rot_ptr=F32, radial_ptr=F32, src_ptr=I64,
-                      grad_x_ptr=F32, grad_rot_ptr=F32, grad_radial_ptr=F32, E=I32, C=I32)
-NODES = dict(msg_ptr=F32, rot_ptr=F32, env_ptr=F32, centre_ptr=I64, out_ptr=F32, E=I32, C=I32)
-NODES_BACKWARD = dict(grad_ptr=F32, msg_ptr=F32, rot_ptr=F32, env_ptr=F32, centre_ptr=I64,
-                      grad_msg_ptr=F32, grad_rot_ptr=F32, grad_env_ptr=F32, E=I32, C=I32)
-DENSE = dict(LMAX=2, MMAX=2, M=9, K=9, NR=6, KP=16, BLOCK_C=128)
-BLOCKS = dict(LMAX=2, MMAX=2, M=9, K=9, NR=6, KB=8, BLOCK_C=128)
-NODES_DENSE = dict(M=9, MP=16, K=9, BLOCK_C=128)
-NODES_BLOCKS = dict(LMAX=2, MMAX=2, M=9, K=9, KB=8, BLOCK_C=128)
+PAIRS = dict(x_ptr=F32, w_ptr=F32, radial_ptr=F32, src_ptr=I64, out_ptr=F32, E=I32, C=I32)
+PAIRS_BACKWARD = dict(grad_ptr=F32, x_ptr=F32, w_ptr=F32, radial_ptr=F32, src_ptr=I64,
+                      grad_x_ptr=F32, grad_w_ptr=F32, grad_radial_ptr=F32, E=I32, C=I32)
+NODES = dict(msg_ptr=F32, w_ptr=F32, env_ptr=F32, centre_ptr=I64, out_ptr=F32, E=I32, C=I32)
+NODES_BACKWARD = dict(grad_ptr=F32, msg_ptr=F32, w_ptr=F32, env_ptr=F32, centre_ptr=I64,
+                      grad_msg_ptr=F32, grad_w_ptr=F32, grad_env_ptr=F32, E=I32, C=I32)
+#: UMA-S: lmax = mmax = 2, 128 channels, 35 rotation entries per edge, 6 radial rows
+SIZES = dict(LMAX=2, MMAX=2, M=9, K=9, S=35, NR=6, KB=8, BLOCK_C=128)
 KERNELS = {
-    "pairs": (edge_kernels._pairs_kernel, PAIRS, DENSE),
-    "pairs backward": (edge_kernels._pairs_backward_kernel, PAIRS_BACKWARD, DENSE),
-    "nodes": (edge_kernels._to_nodes_kernel, NODES, NODES_DENSE),
-    "nodes backward": (edge_kernels._to_nodes_backward_kernel, NODES_BACKWARD, NODES_DENSE),
-    "pairs (blocks)": (candidates._pairs_blocked_kernel, PAIRS, BLOCKS),
-    "pairs backward (blocks)": (candidates._pairs_backward_blocked_kernel, PAIRS_BACKWARD, BLOCKS),
-    "nodes (blocks)": (candidates._to_nodes_blocked_kernel, NODES, NODES_BLOCKS),
-    "nodes backward (blocks)": (candidates._to_nodes_backward_blocked_kernel, NODES_BACKWARD,
-                                NODES_BLOCKS),
+    "pairs": (edge_kernels._pairs_kernel, PAIRS),
+    "pairs backward": (edge_kernels._pairs_backward_kernel, PAIRS_BACKWARD),
+    "nodes": (edge_kernels._to_nodes_kernel, NODES),
+    "nodes backward": (edge_kernels._to_nodes_backward_kernel, NODES_BACKWARD),
 }
 
 
@@ -81,10 +70,10 @@ def registers(kernel, signature: dict, constants: dict, warps: int) -> tuple[int
 
 
 def main() -> None:
-    for name, (kernel, signature, constants) in KERNELS.items():
+    for name, (kernel, signature) in KERNELS.items():
         for edges in (1, 2, 4):
             for warps in (1, 2, 4):
-                used, spilled = registers(kernel, signature, {**constants, "BLOCK_E": edges}, warps)
+                used, spilled = registers(kernel, signature, {**SIZES, "BLOCK_E": edges}, warps)
                 resident = min(32, 65536 // (used * 32 * warps)) * warps
                 print(f"{name:24s} {edges} edges/program, {warps} warps: {used:3d} registers, "
                       f"{spilled:5d} bytes spilled, {resident:2d} warps per SM", flush=True)

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..geometry import batch_energies_forces_stress, edge_vectors, energy_forces_stress
 from .checkpoint import TaskSpec, UMACheckpoint
-from .edge_ops import edge_pairs, edge_rotations, edge_to_nodes, rotation_index
+from .edge_ops import compact_rotations, edge_pairs, edge_to_nodes
 from .experts import ExpertRouter, SystemEmbedding
 from .layers import (
     Gate,
@@ -88,16 +88,17 @@ def check_supported(backbone: dict) -> None:
 class EdgeFrames:
     """Per-edge rotations into the edge frame and back, and the envelope.
 
-    ``rotation`` (E, M, K) is each edge's Wigner-D matrix with its rows in the
-    edge-frame (m-major) order of :func:`m_major_order` (see
-    :func:`fastcalc.uma.edge_ops.edge_rotations`); the envelope (E,) scales the messages
-    on their way back to the atoms. The edge work itself runs in the operators of
+    ``rotation`` (E, S) is each edge's Wigner-D matrix, its blocks by degree stored
+    compactly (:func:`fastcalc.uma.edge_ops.compact_rotations`; the operators take its
+    rows in the edge-frame order of :func:`m_major_order`, m up to ``mmax``); the envelope
+    (E,) scales the messages on their way back to the atoms. The edge work itself runs in the operators of
     :mod:`fastcalc.uma.edge_ops`, which keep no edge-sized features for the backward
     pass but the messages.
     """
 
-    def __init__(self, blocks: list[torch.Tensor], envelope: torch.Tensor, index: torch.Tensor) -> None:
-        self.rotation = edge_rotations(blocks, index)
+    def __init__(self, blocks: list[torch.Tensor], envelope: torch.Tensor, mmax: int) -> None:
+        self.rotation = compact_rotations(blocks)
+        self.mmax = mmax
         self.envelope = envelope
         scale = envelope.view(-1, 1, 1)
         self.back_blocks = [scale, *(block.transpose(1, 2) * scale for block in blocks[1:])]
@@ -108,19 +109,18 @@ class EdgeFrames:
         neighbour: torch.Tensor,
         centre: torch.Tensor,
         radial: torch.Tensor,
-        mmax: int,
     ) -> torch.Tensor:
         """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``
         (m up to ``mmax``), each component times its row of ``radial`` (E, rows * 2C; see
         :func:`fastcalc.uma.edge_ops.radial_rows`)."""
-        return edge_pairs(x, self.rotation, radial, neighbour, centre, mmax)
+        return edge_pairs(x, self.rotation, radial, neighbour, centre, self.mmax)
 
     def add_to_nodes(
         self, x: torch.Tensor, centre: torch.Tensor, messages: torch.Tensor
     ) -> torch.Tensor:
         """``x`` plus the edge-frame ``messages`` (E, M, C) rotated back to the node frame,
         times the envelope, summed at each edge's centre atom."""
-        return edge_to_nodes(x, messages, self.rotation, self.envelope, centre)
+        return edge_to_nodes(x, messages, self.rotation, self.envelope, centre, self.mmax)
 
     def m0_to_nodes(self, m0: torch.Tensor) -> torch.Tensor:
         """Messages with only ``m = 0`` components (E, lmax+1, C), back in the node frame,
@@ -142,7 +142,6 @@ class _Block(nn.Module):
         )
         degrees = coefficient_degrees(lmax)
         self.gate = Gate([degrees[k] for k in m_major_order(lmax, mmax)], hidden)
-        self.mmax = mmax
         self.conv_2 = SO2Convolution(weights, f"{edge}so2_conv_2.", lmax, mmax, channels)
         self.norm_2 = RMSNormSH(weights, f"{prefix}norm_2.", lmax)
         self.feed_forward = SpectralFeedForward(weights, f"{prefix}atom_wise.", lmax, hidden)
@@ -161,7 +160,7 @@ class _Block(nn.Module):
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        messages, gates = self.conv_1(frames.messages(x, neighbour, centre, radial, self.mmax))
+        messages, gates = self.conv_1(frames.messages(x, neighbour, centre, radial))
         messages, _ = self.conv_2(self.gate(gates, messages))
         x = frames.add_to_nodes(residual, centre, messages)
         return x + self.feed_forward(self.norm_2(x))
@@ -210,11 +209,6 @@ class UMACore(nn.Module):
             else None
         )
         self.wigner = WignerFromSamples(self.lmax)
-        self.register_buffer(
-            "rotation_index",
-            rotation_index(self.lmax, m_major_order(self.lmax, self.mmax)),
-            persistent=False,
-        )
         self.register_buffer("system", torch.zeros(self.channels, dtype=torch.float64))
         self._build_head(checkpoint)
         self.to(dtype)
@@ -331,7 +325,7 @@ class UMACore(nn.Module):
         frames = EdgeFrames(
             blocks=self.wigner.blocks(edge_frame_rotation(vectors / lengths.unsqueeze(-1))),
             envelope=self._envelope(lengths),
-            index=self.rotation_index,
+            mmax=self.mmax,
         )
 
         edge_degree, *radial = self.radial(lengths, numbers[neighbour], numbers[centre])

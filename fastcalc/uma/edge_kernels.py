@@ -1,13 +1,16 @@
 """Triton kernels of :mod:`fastcalc.uma.edge_ops` (CUDA; imported only there).
 
-One program handles a few edges and all channels of one side (neighbour or centre)
-of each: it gathers the atom's features (K, C) once, rotates them with plain FMAs
-(IEEE float32 or float64, never TF32), and writes or accumulates what the operator
-asks. Sums over edges into atoms use relaxed atomic adds (no ordering: nothing reads the
-sums before the kernel ends), as inductor's ``index_add`` does on CUDA; the
-sums over the two signs of m are made in registers and those over the two sides by
-the caller. The radial rows and edge-frame components follow the layout of
-``edge_ops.radial_rows``, unrolled at compile time.
+One program handles a few edges and all channels of one side (neighbour or centre) of
+each. Each edge's rotation is block-diagonal by degree and arrives compact (E, S): a row
+of degree l has 2l + 1 entries, read as one block, and is multiplied only with that
+degree's 2l + 1 feature components (padded to ``KB``, the next power of two of
+2 lmax + 1), with plain FMAs (IEEE float32 or float64, never TF32). Sums over edges into
+atoms use relaxed atomic adds (no ordering: nothing reads the sums before the kernel
+ends), as inductor's ``index_add`` does on CUDA; the sums over the two signs of m are
+made in registers and those over the two sides by the caller. The edge-frame rows and
+radial rows follow :func:`fastcalc.uma.so3.m_major_order` and
+:func:`fastcalc.uma.edge_ops.radial_rows`, unrolled at compile time: the +m row of
+degree l reads block row ``a = l + m`` of its degree, the -m row ``a = l - m``.
 """
 
 from __future__ import annotations
@@ -20,36 +23,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-#: Elements of the (edges, components, channels) tile each program holds, and its warps.
-TILE = 4096
-WARPS = 2
-
-
-def _block_sizes(components: int, channels: int) -> tuple[int, int, int]:
-    padded = triton.next_power_of_2(components)
-    block_c = triton.next_power_of_2(channels)
-    return padded, block_c, max(1, TILE // (padded * block_c))
+#: Elements of the (edges, KB, channels) tile each program holds, and its warps: one edge
+#: per program and one warp was fastest for all four kernels on an H200 (78,000 edges,
+#: 128 channels; tiles 512-2048, 1-4 warps; 2 warps at this tile were 1.3-3x slower).
+TILE = 1024
+WARPS = 1
 
 
 def _device(tensor: Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
-
-
-@triton.jit
-def _gathered(x_ptr, src_ptr, side, e, e_ok, k, c, E, C, K: tl.constexpr):
-    """The (edges, KP, channels) features of one side's atoms, and where they lie."""
-    src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
-    mask = e_ok[:, None, None] & (k < K)[None, :, None] & (c < C)[None, None, :]
-    offsets = src[:, None, None] * (K * C) + k[None, :, None] * C + c[None, None, :]
-    return tl.load(x_ptr + offsets, mask=mask, other=0.0), offsets, mask
-
-
-@triton.jit
-def _rotated(rot_ptr, x, e, e_ok, k, i: tl.constexpr, M: tl.constexpr, K: tl.constexpr):
-    """Row ``i`` of the edge rotations (edges, KP) and the features it makes (edges, C)."""
-    r = tl.load(rot_ptr + e[:, None] * (M * K) + i * K + k[None, :],
-                mask=e_ok[:, None] & (k < K)[None, :], other=0.0)
-    return r, tl.sum(r[:, :, None] * x, axis=1)
 
 
 @triton.jit
@@ -59,242 +41,293 @@ def _order_start(m: tl.constexpr, LMAX: tl.constexpr):
 
 
 @triton.jit
+def _plus_row(m: tl.constexpr, l: tl.constexpr, LMAX: tl.constexpr):
+    """Edge-frame row of component (l, +m), m >= 1; its -m row is ``LMAX - m + 1`` later."""
+    return LMAX + 1 + 2 * _order_start(m, LMAX) + l - m
+
+
+@triton.jit
+def _block_row(l: tl.constexpr, a: tl.constexpr):
+    """Offset in a compact rotation of row ``a`` of the degree-``l`` block."""
+    return l * (4 * l * l - 1) // 3 + a * (2 * l + 1)
+
+
+@triton.jit
+def _features(x_ptr, src, e_ok, kb, c, C, l: tl.constexpr, K: tl.constexpr):
+    """The (edges, KB, channels) degree-``l`` components of the ``src`` atoms' features."""
+    mask = e_ok[:, None, None] & (kb < 2 * l + 1)[None, :, None] & (c < C)[None, None, :]
+    offsets = src[:, None, None] * (K * C) + (l * l + kb)[None, :, None] * C + c[None, None, :]
+    return tl.load(x_ptr + offsets, mask=mask, other=0.0), offsets, mask
+
+
+@triton.jit
+def _rotation_row(w_ptr, e, e_ok, kb, l: tl.constexpr, a: tl.constexpr, S: tl.constexpr):
+    """Block row ``a`` of degree ``l`` of the edges' rotations (edges, KB)."""
+    return tl.load(w_ptr + e[:, None] * S + _block_row(l, a) + kb[None, :],
+                   mask=e_ok[:, None] & (kb < 2 * l + 1)[None, :], other=0.0)
+
+
+@triton.jit
 def _pairs_kernel(
-    x_ptr, rot_ptr, radial_ptr, src_ptr, out_ptr,
+    x_ptr, w_ptr, radial_ptr, src_ptr, out_ptr,
     E, C,
-    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, NR: tl.constexpr,
-    KP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    NR: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     side = tl.program_id(1)
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < E
     e = e.to(tl.int64)
-    k = tl.arange(0, KP)
+    kb = tl.arange(0, KB)
     c = tl.arange(0, BLOCK_C)
     mask = e_ok[:, None] & (c < C)[None, :]
-    x, _, _ = _gathered(x_ptr, src_ptr, side, e, e_ok, k, c, E, C, K)
+    src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
     radial = radial_ptr + e[:, None] * (NR * 2 * C) + side * C + c[None, :]
     out = out_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
-    for l in tl.static_range(LMAX + 1):  # m = 0: component l, radial row l
+    for l in tl.static_range(LMAX + 1):
+        x, _, _ = _features(x_ptr, src, e_ok, kb, c, C, l, K)
+        r = _rotation_row(w_ptr, e, e_ok, kb, l, l, S)  # m = 0: row l, radial row l
         scale = tl.load(radial + l * 2 * C, mask=mask, other=0.0)
-        _, rotated = _rotated(rot_ptr, x, e, e_ok, k, l, M, K)
-        tl.store(out + l * 2 * C, rotated * scale, mask=mask)
-    for m in tl.static_range(1, MMAX + 1):  # +m and -m components share a row
-        for j in tl.static_range(LMAX - m + 1):
-            row = LMAX + 1 + _order_start(m, LMAX) + j
-            plus = LMAX + 1 + 2 * _order_start(m, LMAX) + j
-            scale = tl.load(radial + row * 2 * C, mask=mask, other=0.0)
-            _, rotated = _rotated(rot_ptr, x, e, e_ok, k, plus, M, K)
-            tl.store(out + plus * 2 * C, rotated * scale, mask=mask)
-            minus = plus + LMAX - m + 1
-            _, rotated = _rotated(rot_ptr, x, e, e_ok, k, minus, M, K)
-            tl.store(out + minus * 2 * C, rotated * scale, mask=mask)
+        tl.store(out + l * 2 * C, tl.sum(r[:, :, None] * x, axis=1) * scale, mask=mask)
+        for m in tl.static_range(1, MMAX + 1):
+            if m <= l:  # +m and -m rows share a radial row
+                scale = tl.load(radial + (LMAX + 1 + _order_start(m, LMAX) + l - m) * 2 * C,
+                                mask=mask, other=0.0)
+                for sign in tl.static_range(2):
+                    r = _rotation_row(w_ptr, e, e_ok, kb, l, l + m - 2 * m * sign, S)
+                    row = _plus_row(m, l, LMAX) + sign * (LMAX - m + 1)
+                    tl.store(out + row * 2 * C, tl.sum(r[:, :, None] * x, axis=1) * scale,
+                             mask=mask)
 
 
 @triton.jit
-def _component_backward(
-    grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask,
-    i: tl.constexpr, M: tl.constexpr, K: tl.constexpr, C,
-):
-    """Component ``i``'s share of the radial row's gradient and of the features'; stores
-    its row of this side's rotation gradient."""
-    r, rotated = _rotated(rot_ptr, x, e, e_ok, k, i, M, K)
-    g = tl.load(grad + i * 2 * C, mask=mask, other=0.0)
+def _row_backward(grad, w_ptr, grad_w, x, scale, e, e_ok, kb, mask, row,
+                  l: tl.constexpr, a: tl.constexpr, S: tl.constexpr, C):
+    """Edge-frame ``row`` (block row ``a`` of degree ``l``): its share of the radial row's
+    gradient (edges, channels) and of the degree's feature gradient (edges, KB,
+    channels); stores its block row of this side's rotation gradient."""
+    r = _rotation_row(w_ptr, e, e_ok, kb, l, a, S)
+    g = tl.load(grad + row * 2 * C, mask=mask, other=0.0)
     scaled = g * scale
-    tl.store(grad_rot + i * K, tl.sum(scaled[:, None, :] * x, axis=2),
-             mask=e_ok[:, None] & (k < K)[None, :])
-    return g * rotated, r[:, :, None] * scaled[:, None, :]
+    tl.store(grad_w + _block_row(l, a) + kb[None, :], tl.sum(scaled[:, None, :] * x, axis=2),
+             mask=e_ok[:, None] & (kb < 2 * l + 1)[None, :])
+    return g * tl.sum(r[:, :, None] * x, axis=1), r[:, :, None] * scaled[:, None, :]
 
 
 @triton.jit
 def _pairs_backward_kernel(
-    grad_ptr, x_ptr, rot_ptr, radial_ptr, src_ptr,
-    grad_x_ptr, grad_rot_ptr, grad_radial_ptr,
+    grad_ptr, x_ptr, w_ptr, radial_ptr, src_ptr,
+    grad_x_ptr, grad_w_ptr, grad_radial_ptr,
     E, C,
-    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, NR: tl.constexpr,
-    KP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    NR: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     side = tl.program_id(1)
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < E
     e = e.to(tl.int64)
-    k = tl.arange(0, KP)
+    kb = tl.arange(0, KB)
     c = tl.arange(0, BLOCK_C)
     mask = e_ok[:, None] & (c < C)[None, :]
-    x, x_offsets, x_mask = _gathered(x_ptr, src_ptr, side, e, e_ok, k, c, E, C, K)
-    grad_x = tl.zeros((BLOCK_E, KP, BLOCK_C), dtype=x.dtype)
+    src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
     radial = e[:, None] * (NR * 2 * C) + side * C + c[None, :]
     grad = grad_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
-    # this side's share of the rotation gradient, in (2, E, M, K): the caller sums the sides
-    grad_rot = grad_rot_ptr + side * E * M * K + e[:, None] * (M * K) + k[None, :]
+    # this side's share of the rotation gradient, in (2, E, S): the caller sums the sides
+    grad_w = grad_w_ptr + side * E * S + e[:, None] * S
     for l in tl.static_range(LMAX + 1):
+        x, x_offsets, x_mask = _features(x_ptr, src, e_ok, kb, c, C, l, K)
         scale = tl.load(radial_ptr + radial + l * 2 * C, mask=mask, other=0.0)
-        grad_scale, update = _component_backward(
-            grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, l, M, K, C)
-        grad_x += update
+        grad_scale, grad_x = _row_backward(grad, w_ptr, grad_w, x, scale, e, e_ok, kb, mask, l,
+                                           l, l, S, C)
         tl.store(grad_radial_ptr + radial + l * 2 * C, grad_scale, mask=mask)
-    for m in tl.static_range(1, MMAX + 1):
-        for j in tl.static_range(LMAX - m + 1):
-            row = LMAX + 1 + _order_start(m, LMAX) + j
-            plus = LMAX + 1 + 2 * _order_start(m, LMAX) + j
-            scale = tl.load(radial_ptr + radial + row * 2 * C, mask=mask, other=0.0)
-            grad_plus, update = _component_backward(
-                grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus, M, K, C)
-            grad_x += update
-            grad_minus, update = _component_backward(
-                grad, rot_ptr, grad_rot, x, scale, e, e_ok, k, mask, plus + LMAX - m + 1, M, K, C)
-            grad_x += update
-            tl.store(grad_radial_ptr + radial + row * 2 * C, grad_plus + grad_minus, mask=mask)
-    tl.atomic_add(grad_x_ptr + x_offsets, grad_x, mask=x_mask, sem="relaxed")
+        for m in tl.static_range(1, MMAX + 1):
+            if m <= l:
+                radial_row = LMAX + 1 + _order_start(m, LMAX) + l - m
+                scale = tl.load(radial_ptr + radial + radial_row * 2 * C, mask=mask, other=0.0)
+                grad_scale = tl.zeros((BLOCK_E, BLOCK_C), dtype=scale.dtype)
+                for sign in tl.static_range(2):
+                    share, update = _row_backward(
+                        grad, w_ptr, grad_w, x, scale, e, e_ok, kb, mask,
+                        _plus_row(m, l, LMAX) + sign * (LMAX - m + 1), l, l + m - 2 * m * sign,
+                        S, C)
+                    grad_scale += share
+                    grad_x += update
+                tl.store(grad_radial_ptr + radial + radial_row * 2 * C, grad_scale, mask=mask)
+        tl.atomic_add(grad_x_ptr + x_offsets, grad_x, mask=x_mask, sem="relaxed")
 
 
 @triton.jit
 def _to_nodes_kernel(
-    msg_ptr, rot_ptr, env_ptr, centre_ptr, out_ptr,
+    msg_ptr, w_ptr, env_ptr, centre_ptr, out_ptr,
     E, C,
-    M: tl.constexpr, MP: tl.constexpr, K: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < E
     e = e.to(tl.int64)
-    i = tl.arange(0, MP)
+    kb = tl.arange(0, KB)
     c = tl.arange(0, BLOCK_C)
-    i_ok = i < M
-    c_ok = c < C
-    messages = tl.load(
-        msg_ptr + e[:, None, None] * (M * C) + i[None, :, None] * C + c[None, None, :],
-        mask=e_ok[:, None, None] & i_ok[None, :, None] & c_ok[None, None, :], other=0.0,
-    )
+    mask = e_ok[:, None] & (c < C)[None, :]
     envelope = tl.load(env_ptr + e, mask=e_ok, other=0.0)
     centre = tl.load(centre_ptr + e, mask=e_ok, other=0).to(tl.int64)
-    ec_mask = e_ok[:, None] & c_ok[None, :]
-    for kk in tl.static_range(K):
-        r = tl.load(rot_ptr + e[:, None] * (M * K) + i[None, :] * K + kk,
-                    mask=e_ok[:, None] & i_ok[None, :], other=0.0)
-        back = tl.sum(r[:, :, None] * messages, axis=1) * envelope[:, None]
-        tl.atomic_add(out_ptr + centre[:, None] * (K * C) + kk * C + c[None, :], back, mask=ec_mask,
-                      sem="relaxed")
+    messages = msg_ptr + e[:, None] * (M * C) + c[None, :]
+    for l in tl.static_range(LMAX + 1):
+        r = _rotation_row(w_ptr, e, e_ok, kb, l, l, S)
+        back = r[:, :, None] * tl.load(messages + l * C, mask=mask, other=0.0)[:, None, :]
+        for m in tl.static_range(1, MMAX + 1):
+            if m <= l:
+                for sign in tl.static_range(2):
+                    r = _rotation_row(w_ptr, e, e_ok, kb, l, l + m - 2 * m * sign, S)
+                    row = _plus_row(m, l, LMAX) + sign * (LMAX - m + 1)
+                    back += r[:, :, None] * tl.load(messages + row * C, mask=mask,
+                                                    other=0.0)[:, None, :]
+        tl.atomic_add(
+            out_ptr + centre[:, None, None] * (K * C) + (l * l + kb)[None, :, None] * C
+            + c[None, None, :],
+            back * envelope[:, None, None],
+            mask=e_ok[:, None, None] & (kb < 2 * l + 1)[None, :, None] & (c < C)[None, None, :],
+            sem="relaxed",
+        )
+
+
+@triton.jit
+def _to_nodes_row_backward(msg_ptr, w_ptr, grad_msg_ptr, grad_w_ptr, grad, envelope, e, e_ok,
+                           kb, c, mask, row, l: tl.constexpr, a: tl.constexpr,
+                           M: tl.constexpr, S: tl.constexpr, C):
+    """Edge-frame ``row``'s message and rotation gradients (stored) and its share of the
+    envelope's (returned), from the centre's gradient ``grad`` in degree ``l``."""
+    r = _rotation_row(w_ptr, e, e_ok, kb, l, a, S)
+    message = tl.load(msg_ptr + e[:, None] * (M * C) + row * C + c[None, :], mask=mask,
+                      other=0.0)
+    tl.store(grad_msg_ptr + e[:, None] * (M * C) + row * C + c[None, :],
+             tl.sum(r[:, :, None] * grad, axis=1) * envelope[:, None], mask=mask)
+    products = tl.sum(message[:, None, :] * grad, axis=2)
+    tl.store(grad_w_ptr + e[:, None] * S + _block_row(l, a) + kb[None, :],
+             products * envelope[:, None], mask=e_ok[:, None] & (kb < 2 * l + 1)[None, :])
+    return tl.sum(r * products, axis=1)
 
 
 @triton.jit
 def _to_nodes_backward_kernel(
-    grad_ptr, msg_ptr, rot_ptr, env_ptr, centre_ptr,
-    grad_msg_ptr, grad_rot_ptr, grad_env_ptr,
+    grad_ptr, msg_ptr, w_ptr, env_ptr, centre_ptr,
+    grad_msg_ptr, grad_w_ptr, grad_env_ptr,
     E, C,
-    M: tl.constexpr, MP: tl.constexpr, K: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < E
     e = e.to(tl.int64)
-    i = tl.arange(0, MP)
+    kb = tl.arange(0, KB)
     c = tl.arange(0, BLOCK_C)
-    i_ok = i < M
-    c_ok = c < C
-    msg_offsets = e[:, None, None] * (M * C) + i[None, :, None] * C + c[None, None, :]
-    msg_mask = e_ok[:, None, None] & i_ok[None, :, None] & c_ok[None, None, :]
-    messages = tl.load(msg_ptr + msg_offsets, mask=msg_mask, other=0.0)
+    mask = e_ok[:, None] & (c < C)[None, :]
     envelope = tl.load(env_ptr + e, mask=e_ok, other=0.0)
     centre = tl.load(centre_ptr + e, mask=e_ok, other=0).to(tl.int64)
-    ec_mask = e_ok[:, None] & c_ok[None, :]
-    ei_mask = e_ok[:, None] & i_ok[None, :]
-    grad_messages = tl.zeros((BLOCK_E, MP, BLOCK_C), dtype=messages.dtype)
-    grad_envelope = tl.zeros((BLOCK_E,), dtype=messages.dtype)
-    for kk in tl.static_range(K):
-        grad = tl.load(grad_ptr + centre[:, None] * (K * C) + kk * C + c[None, :],
-                       mask=ec_mask, other=0.0)
-        rot_offsets = e[:, None] * (M * K) + i[None, :] * K + kk
-        r = tl.load(rot_ptr + rot_offsets, mask=ei_mask, other=0.0)
-        grad_messages += r[:, :, None] * grad[:, None, :]
-        products = tl.sum(messages * grad[:, None, :], axis=2)
-        tl.store(grad_rot_ptr + rot_offsets, products * envelope[:, None], mask=ei_mask)
-        grad_envelope += tl.sum(r * products, axis=1)
-    tl.store(grad_msg_ptr + msg_offsets, grad_messages * envelope[:, None, None], mask=msg_mask)
+    grad_envelope = tl.zeros((BLOCK_E,), dtype=envelope.dtype)
+    for l in tl.static_range(LMAX + 1):
+        grad, _, _ = _features(grad_ptr, centre, e_ok, kb, c, C, l, K)
+        grad_envelope += _to_nodes_row_backward(
+            msg_ptr, w_ptr, grad_msg_ptr, grad_w_ptr, grad, envelope, e, e_ok, kb, c, mask, l,
+            l, l, M, S, C)
+        for m in tl.static_range(1, MMAX + 1):
+            if m <= l:
+                for sign in tl.static_range(2):
+                    grad_envelope += _to_nodes_row_backward(
+                        msg_ptr, w_ptr, grad_msg_ptr, grad_w_ptr, grad, envelope, e, e_ok, kb, c,
+                        mask, _plus_row(m, l, LMAX) + sign * (LMAX - m + 1), l,
+                        l + m - 2 * m * sign, M, S, C)
     tl.store(grad_env_ptr + e, grad_envelope, mask=e_ok)
 
 
-def _layout(x: Tensor, rotation: Tensor, radial: Tensor, mmax: int) -> dict:
-    k, channels = x.shape[1], x.shape[2]
+def _layout(node_like: Tensor, wigner: Tensor, rows: int, mmax: int) -> dict:
+    """Compile-time sizes and the tile for node features like ``node_like`` (N, K, C)."""
+    k, channels = node_like.shape[1], node_like.shape[2]
     lmax = math.isqrt(k) - 1
-    padded, block_c, block_e = _block_sizes(k, channels)
+    degree_block = triton.next_power_of_2(2 * lmax + 1)
+    block_c = triton.next_power_of_2(channels)
     return dict(
-        LMAX=lmax, MMAX=mmax, M=rotation.shape[1], K=k, NR=radial.shape[1] // (2 * channels),
-        KP=padded, BLOCK_E=block_e, BLOCK_C=block_c, num_warps=WARPS,
+        LMAX=lmax, MMAX=mmax, M=rows, K=k, S=wigner.shape[1], KB=degree_block,
+        BLOCK_E=max(1, TILE // (degree_block * block_c)), BLOCK_C=block_c, num_warps=WARPS,
     )
 
 
-def pairs(x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor,
+def _rows(x: Tensor, mmax: int) -> int:
+    lmax = math.isqrt(x.shape[1]) - 1
+    return (lmax + 1) ** 2 - (lmax - mmax) * (lmax - mmax + 1)
+
+
+def pairs(x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor,
           mmax: int) -> Tensor:
     """:func:`fastcalc.uma.edge_ops.edge_pairs`."""
-    x, rotation, radial = x.contiguous(), rotation.contiguous(), radial.contiguous()
-    edges, m, _ = rotation.shape
-    channels = x.shape[2]
-    out = x.new_empty(edges, m, 2 * channels)
+    x, wigner, radial = x.contiguous(), wigner.contiguous(), radial.contiguous()
+    edges, channels, rows = wigner.shape[0], x.shape[2], _rows(x, mmax)
+    out = x.new_empty(edges, rows, 2 * channels)
     if edges == 0:
         return out
-    layout = _layout(x, rotation, radial, mmax)
+    layout = _layout(x, wigner, rows, mmax)
+    layout["NR"] = radial.shape[1] // (2 * channels)
     with _device(x):
         _pairs_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
-            x, rotation, radial, torch.stack((neighbour, centre)), out, edges, channels, **layout
+            x, wigner, radial, torch.stack((neighbour, centre)), out, edges, channels, **layout
         )
     return out
 
 
-def pairs_backward(grad: Tensor, x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor,
+def pairs_backward(grad: Tensor, x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor,
                    centre: Tensor, mmax: int) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`fastcalc.uma.edge_ops.edge_pairs_backward`."""
     grad, x = grad.contiguous(), x.contiguous()
-    rotation, radial = rotation.contiguous(), radial.contiguous()
-    edges = rotation.shape[0]
+    wigner, radial = wigner.contiguous(), radial.contiguous()
+    edges, channels = wigner.shape[0], x.shape[2]
     grad_x = torch.zeros_like(x)
-    grad_rotation = rotation.new_empty(2, *rotation.shape)
+    # rows with |m| > mmax are never written: their entries' gradient is zero
+    grad_wigner = wigner.new_zeros(2, *wigner.shape)
     grad_radial = torch.empty_like(radial)
     if edges == 0:
-        return grad_x, torch.zeros_like(rotation), grad_radial
-    layout = _layout(x, rotation, radial, mmax)
+        return grad_x, grad_wigner.sum(dim=0), grad_radial
+    layout = _layout(x, wigner, grad.shape[1], mmax)
+    layout["NR"] = radial.shape[1] // (2 * channels)
     with _device(x):
         _pairs_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
-            grad, x, rotation, radial, torch.stack((neighbour, centre)),
-            grad_x, grad_rotation, grad_radial, edges, x.shape[2], **layout
+            grad, x, wigner, radial, torch.stack((neighbour, centre)),
+            grad_x, grad_wigner, grad_radial, edges, channels, **layout
         )
-    return grad_x, grad_rotation.sum(dim=0), grad_radial
+    return grad_x, grad_wigner.sum(dim=0), grad_radial
 
 
-def to_nodes(x: Tensor, messages: Tensor, rotation: Tensor, envelope: Tensor,
-             centre: Tensor) -> Tensor:
+def to_nodes(x: Tensor, messages: Tensor, wigner: Tensor, envelope: Tensor, centre: Tensor,
+             mmax: int) -> Tensor:
     """:func:`fastcalc.uma.edge_ops.edge_to_nodes`."""
-    messages, rotation = messages.contiguous(), rotation.contiguous()
-    edges, m, k = rotation.shape
+    messages, wigner = messages.contiguous(), wigner.contiguous()
+    edges = wigner.shape[0]
     out = x.clone(memory_format=torch.contiguous_format)
     if edges == 0:
         return out
-    padded, block_c, block_e = _block_sizes(m, messages.shape[2])
     with _device(x):
-        _to_nodes_kernel[(triton.cdiv(edges, block_e),)](
-            messages, rotation, envelope.contiguous(), centre.contiguous(), out,
-            edges, messages.shape[2],
-            M=m, MP=padded, K=k, BLOCK_E=block_e, BLOCK_C=block_c, num_warps=WARPS,
+        layout = _layout(x, wigner, messages.shape[1], mmax)
+        _to_nodes_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
+            messages, wigner, envelope.contiguous(), centre.contiguous(), out,
+            edges, messages.shape[2], **layout
         )
     return out
 
 
-def to_nodes_backward(grad: Tensor, messages: Tensor, rotation: Tensor, envelope: Tensor,
-                      centre: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def to_nodes_backward(grad: Tensor, messages: Tensor, wigner: Tensor, envelope: Tensor,
+                      centre: Tensor, mmax: int) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`fastcalc.uma.edge_ops.edge_to_nodes_backward`."""
     grad, messages = grad.contiguous(), messages.contiguous()
-    rotation, envelope = rotation.contiguous(), envelope.contiguous()
-    edges, m, k = rotation.shape
+    wigner, envelope = wigner.contiguous(), envelope.contiguous()
+    edges = wigner.shape[0]
     grad_messages = torch.empty_like(messages)
-    grad_rotation = torch.empty_like(rotation)
+    grad_wigner = torch.zeros_like(wigner)  # rows with |m| > mmax are never written
     grad_envelope = torch.empty_like(envelope)
     if edges == 0:
-        return grad_messages, grad_rotation, grad_envelope
-    padded, block_c, block_e = _block_sizes(m, messages.shape[2])
+        return grad_messages, grad_wigner, grad_envelope
     with _device(grad):
-        _to_nodes_backward_kernel[(triton.cdiv(edges, block_e),)](
-            grad, messages, rotation, envelope, centre.contiguous(), grad_messages, grad_rotation, grad_envelope,
-            edges, messages.shape[2],
-            M=m, MP=padded, K=k, BLOCK_E=block_e, BLOCK_C=block_c, num_warps=WARPS,
+        layout = _layout(grad, wigner, messages.shape[1], mmax)
+        _to_nodes_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
+            grad, messages, wigner, envelope, centre.contiguous(), grad_messages, grad_wigner,
+            grad_envelope, edges, messages.shape[2], **layout
         )
-    return grad_messages, grad_rotation, grad_envelope
+    return grad_messages, grad_wigner, grad_envelope

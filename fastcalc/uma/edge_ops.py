@@ -8,11 +8,14 @@ every layer for the backward pass; these operators keep only what they were give
 (node features, rotations, radial outputs, messages) and gather and rotate again in
 their backward pass.
 
-``rotation`` (E, M, K) holds each edge's Wigner-D matrix densely, its rows in the
-edge-frame (m-major) order and its columns degree-major (see :func:`edge_rotations`),
-so one code path serves any ``lmax`` and ``mmax``. On CUDA the operators run the
-Triton kernels of :mod:`fastcalc.uma.edge_kernels` (plain float FMAs, never TF32);
-elsewhere the torch code here. Both are registered as torch custom operators, so
+``wigner`` (E, S) holds each edge's Wigner-D matrix compactly, its blocks by degree
+flattened one after the other (``[1, D_1.flatten(), ..., D_lmax.flatten()]``, S =
+sum of (2l+1)^2: 35 for lmax 2; see :func:`compact_rotations`): the entries outside
+the blocks are zero and never stored, read or multiplied. The torch code here expands
+it to the dense (E, M, K) matrix whose rows are in the edge-frame (m-major) order
+(:func:`dense_rotations`); on CUDA the operators run the Triton kernels of
+:mod:`fastcalc.uma.edge_kernels` (plain float FMAs, never TF32), which read the blocks
+directly. Gradients in ``wigner`` come back in the same layout. Both are registered as torch custom operators, so
 ``make_fx`` records them (forward and backward) and CUDA graphs replay them.
 """
 
@@ -24,11 +27,18 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx as Context
 
-from .so3 import coefficient_degrees
+from .so3 import coefficient_degrees, m_major_order
 
 Grads = tuple[Tensor, Tensor, Tensor]
 
-__all__ = ["edge_pairs", "edge_rotations", "edge_to_nodes", "radial_rows", "rotation_index"]
+__all__ = [
+    "compact_rotations",
+    "dense_rotations",
+    "edge_pairs",
+    "edge_to_nodes",
+    "radial_rows",
+    "rotation_index",
+]
 
 
 def rotation_index(lmax: int, order: list[int]) -> torch.Tensor:
@@ -52,17 +62,34 @@ def rotation_index(lmax: int, order: list[int]) -> torch.Tensor:
     return torch.tensor(index).view(len(order), len(degrees))
 
 
-def edge_rotations(blocks: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    """Dense rotations (E, M, K) from the Wigner-D blocks (E, 2l+1, 2l+1) of degrees
-    ``1..lmax`` (``blocks[0]``, degree 0, is ignored: exactly 1) and
-    :func:`rotation_index`."""
+def compact_rotations(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """Each edge's Wigner-D blocks (E, 2l+1, 2l+1) of degrees ``0..lmax``, flattened one
+    after the other into (E, S); degree 0 (exactly 1) is stored as the constant 1."""
     first = blocks[1]
-    flat = torch.cat(
-        (first.new_ones(first.shape[0], 1), *(b.flatten(1) for b in blocks[1:]),
-         first.new_zeros(first.shape[0], 1)),
-        dim=1,
-    )
-    return flat.index_select(1, index.flatten()).view(-1, *index.shape)
+    return torch.cat((first.new_ones(first.shape[0], 1), *(b.flatten(1) for b in blocks[1:])), dim=1)
+
+
+def _index(lmax: int, mmax: int, device: torch.device) -> torch.Tensor:
+    return rotation_index(lmax, m_major_order(lmax, mmax)).to(device)
+
+
+def dense_rotations(wigner: torch.Tensor, lmax: int, mmax: int) -> torch.Tensor:
+    """The dense rotations (E, M, K), rows in the edge-frame order, of compact ones (E, S)."""
+    index = _index(lmax, mmax, wigner.device)
+    padded = torch.cat((wigner, wigner.new_zeros(wigner.shape[0], 1)), dim=1)
+    return padded.index_select(1, index.flatten()).view(-1, *index.shape)
+
+
+def _compact_gradient(grad: torch.Tensor, lmax: int, mmax: int, size: int) -> torch.Tensor:
+    """The gradient in compact rotations (E, ``size``) of one in dense rotations (E, M, K)."""
+    index = _index(lmax, mmax, grad.device)
+    compact = grad.new_zeros(grad.shape[0], size + 1)
+    return compact.index_add(1, index.flatten(), grad.flatten(1))[:, :size].contiguous()
+
+
+def _degrees(x: torch.Tensor) -> int:
+    """``lmax`` of node features ``x`` (N, (lmax+1)^2, C)."""
+    return math.isqrt(x.shape[1]) - 1
 
 
 def radial_rows(lmax: int, mmax: int) -> list[int]:
@@ -80,7 +107,7 @@ def radial_rows(lmax: int, mmax: int) -> list[int]:
 @torch.library.custom_op("fastcalc::edge_pairs", mutates_args=())
 def edge_pairs(
     x: torch.Tensor,
-    rotation: torch.Tensor,
+    wigner: torch.Tensor,
     radial: torch.Tensor,
     neighbour: torch.Tensor,
     centre: torch.Tensor,
@@ -88,7 +115,8 @@ def edge_pairs(
 ) -> torch.Tensor:
     """Scaled edge-frame pairs (E, M, 2C): ``[R_e x[neighbour_e], R_e x[centre_e]]``,
     each component times its row (:func:`radial_rows`) of ``radial`` (E, rows * 2C), for
-    node features ``x`` (N, K, C) and rotations ``rotation`` (E, M, K)."""
+    node features ``x`` (N, K, C) and compact rotations ``wigner`` (E, S)."""
+    rotation = dense_rotations(wigner, _degrees(x), mmax)
     pairs = torch.cat(
         (torch.bmm(rotation, x.index_select(0, neighbour)),
          torch.bmm(rotation, x.index_select(0, centre))),
@@ -99,7 +127,7 @@ def edge_pairs(
 
 def _rows(x: torch.Tensor, mmax: int) -> torch.Tensor:
     """:func:`radial_rows` for node features ``x`` (N, (lmax+1)^2, C), on their device."""
-    return torch.tensor(radial_rows(math.isqrt(x.shape[1]) - 1, mmax), device=x.device)
+    return torch.tensor(radial_rows(_degrees(x), mmax), device=x.device)
 
 
 def _scales(radial: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
@@ -108,23 +136,24 @@ def _scales(radial: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tenso
 
 @edge_pairs.register_fake
 def _(
-    x: Tensor, rotation: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, mmax: int
+    x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, mmax: int
 ) -> Tensor:
-    return x.new_empty(rotation.shape[0], rotation.shape[1], 2 * x.shape[2])
+    return x.new_empty(wigner.shape[0], len(m_major_order(_degrees(x), mmax)), 2 * x.shape[2])
 
 
 @torch.library.custom_op("fastcalc::edge_pairs_backward", mutates_args=())
 def edge_pairs_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
-    rotation: torch.Tensor,
+    wigner: torch.Tensor,
     radial: torch.Tensor,
     neighbour: torch.Tensor,
     centre: torch.Tensor,
     mmax: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`edge_pairs` in ``x``, ``rotation`` and ``radial``."""
+    """Gradients of :func:`edge_pairs` in ``x``, ``wigner`` and ``radial``."""
     channels = x.shape[2]
+    rotation = dense_rotations(wigner, _degrees(x), mmax)
     gathered = (x.index_select(0, neighbour), x.index_select(0, centre))
     rotated = torch.cat([torch.bmm(rotation, part) for part in gathered], dim=2)
     rows = _rows(x, mmax)
@@ -136,12 +165,13 @@ def edge_pairs_backward(
     grad_x = torch.zeros_like(x)
     for side, index in zip(sides, (neighbour, centre)):
         grad_x = grad_x.index_add(0, index, torch.bmm(rotation.mT, side))
-    return grad_x, grad_rotation, grad_radial
+    grad_wigner = _compact_gradient(grad_rotation, _degrees(x), mmax, wigner.shape[1])
+    return grad_x, grad_wigner, grad_radial
 
 
 @edge_pairs_backward.register_fake
-def _(grad: Tensor, x: Tensor, rotation: Tensor, radial: Tensor, *indices: Tensor | int) -> Grads:
-    return torch.empty_like(x), torch.empty_like(rotation), torch.empty_like(radial)
+def _(grad: Tensor, x: Tensor, wigner: Tensor, radial: Tensor, *indices: Tensor | int) -> Grads:
+    return torch.empty_like(x), torch.empty_like(wigner), torch.empty_like(radial)
 
 
 def _pairs_setup(ctx: Context, inputs: tuple, output: torch.Tensor) -> None:
@@ -162,18 +192,22 @@ edge_pairs.register_autograd(_pairs_backward, setup_context=_pairs_setup)
 def edge_to_nodes(
     x: torch.Tensor,
     messages: torch.Tensor,
-    rotation: torch.Tensor,
+    wigner: torch.Tensor,
     envelope: torch.Tensor,
     centre: torch.Tensor,
+    mmax: int,
 ) -> torch.Tensor:
     """``x`` (N, K, C) plus, at each edge's centre atom, its edge-frame ``messages``
-    (E, M, C) rotated back (``R_e^T``) and times ``envelope`` (E,)."""
+    (E, M, C) rotated back (``R_e^T``, from the compact ``wigner``) and times
+    ``envelope`` (E,)."""
+    rotation = dense_rotations(wigner, _degrees(x), mmax)
     back = torch.bmm(rotation.mT, messages) * envelope.view(-1, 1, 1)
     return x.index_add(0, centre, back)
 
 
 @edge_to_nodes.register_fake
-def _(x: Tensor, messages: Tensor, rotation: Tensor, envelope: Tensor, centre: Tensor) -> Tensor:
+def _(x: Tensor, messages: Tensor, wigner: Tensor, envelope: Tensor, centre: Tensor,
+      mmax: int) -> Tensor:
     return torch.empty_like(x)
 
 
@@ -181,34 +215,38 @@ def _(x: Tensor, messages: Tensor, rotation: Tensor, envelope: Tensor, centre: T
 def edge_to_nodes_backward(
     grad: torch.Tensor,
     messages: torch.Tensor,
-    rotation: torch.Tensor,
+    wigner: torch.Tensor,
     envelope: torch.Tensor,
     centre: torch.Tensor,
+    mmax: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`edge_to_nodes` in ``messages``, ``rotation`` and ``envelope``
+    """Gradients of :func:`edge_to_nodes` in ``messages``, ``wigner`` and ``envelope``
     (in ``x`` it is ``grad`` itself)."""
+    lmax = _degrees(grad)
+    rotation = dense_rotations(wigner, lmax, mmax)
     at_centre = grad.index_select(0, centre)  # (E, K, C)
     products = torch.bmm(messages, at_centre.mT)  # (E, M, K): sum_c m_ic g_kc
     scale = envelope.view(-1, 1, 1)
     grad_envelope = (products * rotation).sum(dim=(1, 2))
-    return torch.bmm(rotation, at_centre) * scale, products * scale, grad_envelope
+    grad_wigner = _compact_gradient(products * scale, lmax, mmax, wigner.shape[1])
+    return torch.bmm(rotation, at_centre) * scale, grad_wigner, grad_envelope
 
 
 @edge_to_nodes_backward.register_fake
 def _(
-    grad: Tensor, messages: Tensor, rotation: Tensor, envelope: Tensor, centre: Tensor
+    grad: Tensor, messages: Tensor, wigner: Tensor, envelope: Tensor, centre: Tensor, mmax: int
 ) -> Grads:
-    return torch.empty_like(messages), torch.empty_like(rotation), torch.empty_like(envelope)
+    return torch.empty_like(messages), torch.empty_like(wigner), torch.empty_like(envelope)
 
 
 def _nodes_setup(ctx: Context, inputs: tuple, output: torch.Tensor) -> None:
-    _, messages, rotation, envelope, centre = inputs
-    ctx.save_for_backward(messages, rotation, envelope, centre)
+    _, messages, wigner, envelope, centre, ctx.mmax = inputs
+    ctx.save_for_backward(messages, wigner, envelope, centre)
 
 
 def _nodes_backward(ctx: Context, grad: torch.Tensor) -> tuple:
-    grads = edge_to_nodes_backward(grad.contiguous(), *ctx.saved_tensors)
-    return (grad, *grads, None)
+    grads = edge_to_nodes_backward(grad.contiguous(), *ctx.saved_tensors, ctx.mmax)
+    return (grad, *grads, None, None)
 
 
 edge_to_nodes.register_autograd(_nodes_backward, setup_context=_nodes_setup)
@@ -230,14 +268,14 @@ def _(*args: Tensor | int) -> Grads:
 
 
 @edge_to_nodes.register_kernel("cuda")
-def _(*args: Tensor) -> Tensor:
+def _(*args: Tensor | int) -> Tensor:
     from . import edge_kernels
 
     return edge_kernels.to_nodes(*args)
 
 
 @edge_to_nodes_backward.register_kernel("cuda")
-def _(*args: Tensor) -> Grads:
+def _(*args: Tensor | int) -> Grads:
     from . import edge_kernels
 
     return edge_kernels.to_nodes_backward(*args)

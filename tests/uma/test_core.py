@@ -20,7 +20,7 @@ from fastcalc.uma.so3 import (
     real_spherical_harmonics,
     rotate_back_m0,
 )
-from fastcalc.uma.edge_ops import edge_rotations, rotation_index
+from fastcalc.uma.edge_ops import compact_rotations, dense_rotations
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +187,8 @@ def e3nn_float64(function):
 
 
 def test_edge_rotations_are_e3nn_wigner_matrices_in_edge_frame_order():
-    """``edge_rotations`` gives the rows of e3nn's Wigner matrix ``D`` in the m-major
-    order (degree 0 exactly 1, components with |m| > mmax left out); ``rotate_back_m0``
+    """Compact rotations, made dense, are the rows of e3nn's Wigner matrix ``D`` in the
+    m-major order (degree 0 exactly 1, components with |m| > mmax left out); ``rotate_back_m0``
     gives ``D^T x`` for ``x`` zero except at m = 0."""
     o3 = pytest.importorskip("e3nn.o3")
     lmax, mmax = 3, 2
@@ -202,7 +202,7 @@ def test_edge_rotations_are_e3nn_wigner_matrices_in_edge_frame_order():
     ])
     blocks = wigner.blocks(rotations)
     order = m_major_order(lmax, mmax)
-    rotation = edge_rotations(blocks, rotation_index(lmax, order))
+    rotation = dense_rotations(compact_rotations(blocks), lmax, mmax)
     close = dict(rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(rotation, dense[:, order], **close)
     assert (rotation[:, 0, 0] == 1).all()

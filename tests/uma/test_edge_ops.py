@@ -13,6 +13,8 @@ from ase.calculators.fd import calculate_numerical_forces, calculate_numerical_s
 from fastcalc.bench.upstream import build_checkpoint, default_backbone
 from fastcalc.uma import BucketedCalculator
 from fastcalc.uma.edge_ops import (
+    compact_rotations,
+    dense_rotations,
     edge_pairs,
     edge_pairs_backward,
     edge_to_nodes,
@@ -26,9 +28,11 @@ LAYOUTS = [(2, 2, 5), (3, 1, 4)]
 
 
 def operands(lmax: int, mmax: int, channels: int, device: str = "cpu", dtype=torch.float64):
-    """Random node features, rotations, radial scales, messages, envelope and edges."""
+    """Random node features, compact rotations, radial scales, messages, envelope and
+    edges."""
     gen = torch.Generator().manual_seed(lmax * 10 + mmax)
     atoms, edges, k, m = 5, 13, (lmax + 1) ** 2, len(m_major_order(lmax, mmax))
+    blocks = sum((2 * l + 1) ** 2 for l in range(lmax + 1))
     rows = radial_rows(lmax, mmax)
 
     def rand(*shape):
@@ -36,7 +40,7 @@ def operands(lmax: int, mmax: int, channels: int, device: str = "cpu", dtype=tor
 
     return dict(
         x=rand(atoms, k, channels),
-        rotation=rand(edges, m, k),
+        rotation=rand(edges, blocks),
         radial=rand(edges, (max(rows) + 1) * 2 * channels),
         messages=rand(edges, m, channels),
         envelope=rand(edges).abs(),
@@ -51,7 +55,7 @@ def pairs_of(o: dict, x, rotation, radial):
 
 
 def nodes_of(o: dict, x, messages, rotation, envelope):
-    return edge_to_nodes(x, messages, rotation, envelope, o["centre"])
+    return edge_to_nodes(x, messages, rotation, envelope, o["centre"], o["mmax"])
 
 
 def test_radial_rows_follow_the_layout_of_the_radial_networks():
@@ -75,24 +79,27 @@ def test_edge_to_nodes_gradients_match_finite_differences(layout):
     assert torch.autograd.gradcheck(lambda *args: nodes_of(o, *args), inputs)
 
 
-def test_pairs_with_selecting_rotations_are_the_gathered_features_scaled():
-    """Rotations that pick component ``order[i]`` give both atoms' features in the
-    edge-frame order, each component times its radial row."""
+def test_pairs_with_identity_rotations_are_the_gathered_features_scaled():
+    """Identity rotations give both atoms' features in the edge-frame order (component
+    ``order[i]`` in row ``i``), each component times its radial row."""
     lmax, mmax, channels = 3, 1, 4
     o = operands(lmax, mmax, channels)
     order = m_major_order(lmax, mmax)
-    picks = torch.zeros_like(o["rotation"])
-    picks[:, range(len(order)), order] = 1.0
-    scales = o["radial"].view(len(picks), -1, 2 * channels)[:, radial_rows(lmax, mmax)]
+    edges = len(o["rotation"])
+    identity = compact_rotations(
+        [torch.eye(2 * l + 1, dtype=torch.float64).expand(edges, -1, -1) for l in range(lmax + 1)]
+    )
+    scales = o["radial"].view(edges, -1, 2 * channels)[:, radial_rows(lmax, mmax)]
     expected = torch.cat((o["x"][o["neighbour"]][:, order], o["x"][o["centre"]][:, order]), dim=2)
-    torch.testing.assert_close(pairs_of(o, o["x"], picks, o["radial"]), expected * scales)
+    torch.testing.assert_close(pairs_of(o, o["x"], identity, o["radial"]), expected * scales)
 
 
 def test_edge_to_nodes_adds_the_back_rotated_messages_to_the_centre_atoms():
     o = operands(2, 2, 3)
+    rotation = dense_rotations(o["rotation"], 2, 2)
     expected = o["x"].clone()
     for e, atom in enumerate(o["centre"].tolist()):
-        expected[atom] += o["envelope"][e] * o["rotation"][e].T @ o["messages"][e]
+        expected[atom] += o["envelope"][e] * rotation[e].T @ o["messages"][e]
     got = nodes_of(o, o["x"], o["messages"], o["rotation"], o["envelope"])
     torch.testing.assert_close(got, expected)
 
@@ -117,7 +124,7 @@ def test_triton_kernels_match_the_torch_code(layout, dtype):
             grad_pairs, o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], o["mmax"]
         )
         nodes_backward = edge_to_nodes_backward(
-            nodes.cos(), o["messages"], o["rotation"], o["envelope"], o["centre"]
+            nodes.cos(), o["messages"], o["rotation"], o["envelope"], o["centre"], o["mmax"]
         )
         return [pairs, nodes, *backward, *nodes_backward]
 
