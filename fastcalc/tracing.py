@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ __all__ = [
     "CompiledGraph",
     "GraphRunner",
     "compiled_graphs",
+    "graph_pool",
     "resolve_compile_mode",
     "trace",
 ]
@@ -113,6 +115,24 @@ class CompiledGraph:
         return self._compiled(*inputs)
 
 
+#: The live CUDA graphs recorded per (device index, thread): any of them names the pool
+#: a new recording there shares (see :func:`graph_pool`).
+_LIVE_GRAPHS: dict[tuple[int, int], weakref.WeakSet] = {}
+
+
+def _live_graphs(device: torch.device) -> weakref.WeakSet:
+    return _LIVE_GRAPHS.setdefault((device.index, threading.get_ident()), weakref.WeakSet())
+
+
+def graph_pool(device: torch.device) -> tuple[int, int]:
+    """The CUDA graph memory pool for a recording on ``device`` in the calling thread: the
+    pool of the graphs recorded there that are still alive, else a new one. (torch refuses
+    a pool whose graphs have all been freed, so a pool is shared only while it lives.)"""
+    for graph in _live_graphs(device):
+        return graph.pool()
+    return torch.cuda.graph_pool_handle()
+
+
 @dataclass
 class _Recording:
     graph: torch.cuda.CUDAGraph
@@ -129,15 +149,19 @@ class CapturedGraphs:
     static copies of the inputs. Later calls of that shape copy into those
     buffers only the inputs that are not the tensors given last time, unmodified
     (a neighbour layout that lasts until the next search costs nothing), and
-    replay: no guards, no per-call Python of ``torch.compile``. The graphs share
-    one memory pool, so they must not run concurrently, and the returned tensors
-    are the graph's own buffers, overwritten by the next call of any shape:
-    copy what you keep before calling again.
+    replay: no guards, no per-call Python of ``torch.compile``.
+
+    Memory: every graph recorded in one thread on one device, by any instance, shares
+    one memory pool while any of them lives (:func:`graph_pool`), so a process holds the
+    memory of its largest graph rather than the sum of every calculator's, and gets it
+    back once they are all freed. Graphs of one pool must not run concurrently, and the
+    returned tensors are the graph's own buffers, overwritten by the next replay of any
+    graph of that thread: copy what you
+    keep before calling again (fastcalc's calculators copy to the host at once).
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
         self.fn = fn
-        self._pool = torch.cuda.graph_pool_handle()
         self._recordings: dict[tuple, _Recording] = {}
 
     @property
@@ -168,8 +192,10 @@ class CapturedGraphs:
             self.fn(*static)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        device = static[0].device
+        with torch.cuda.graph(graph, pool=graph_pool(device)):
             outputs = tuple(self.fn(*static))
+        _live_graphs(device).add(graph)
         return _Recording(graph, static, [(x, x._version) for x in inputs], outputs)
 
 
