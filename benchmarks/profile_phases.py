@@ -38,6 +38,7 @@ from torch.autograd import DeviceType
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fastcalc.bench import copper  # noqa: E402
+from fastcalc.precision import PRECISIONS  # noqa: E402
 from fastcalc.bench.suite import PET_S, uma_contest  # noqa: E402
 from fastcalc.bench.upstream import export_pet  # noqa: E402
 
@@ -206,7 +207,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 1008])
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--kernels", action="store_true", help="list device kernels instead")
-    parser.add_argument("--precision", choices=("float32", "tf32"), default="float32")
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32")
     parser.add_argument("--snapshot", type=Path, metavar="FILE",
                         help="with --kernels: write a CUDA memory snapshot of one call")
     args = parser.parse_args()

@@ -237,7 +237,9 @@ class TorchCalculator(Calculator):
     memory. ``precision`` (:mod:`fastcalc.precision`): ``"float32"``
     (default) keeps every float32 matrix product IEEE, even when torch's global TF32
     flags are on; ``"tf32"`` runs the network's own products on TF32 tensor cores (CUDA,
-    dtype float32), faster and less accurate. ``cache_dir``: where compiled models are
+    dtype float32), faster and less accurate; ``"3xtf32"`` runs each of the network's
+    linear maps as three TF32 products (CUDA, dtype float32), float32's accuracy on tensor
+    cores. ``cache_dir``: where compiled models are
     stored for the next process (:mod:`fastcalc.compile_cache`; None: ``$FASTCALC_CACHE_DIR``
     or ``~/.cache/fastcalc``; False: no disk cache).
 

@@ -9,11 +9,17 @@ largest force. So a calculator call runs under :func:`matmul_precision`:
 - ``"float32"``: IEEE float32 in every product, whatever the global flags say;
 - ``"tf32"``: IEEE float32 too, except in the products of the network's own layers
   (linear maps, attention, built with :class:`Linear`, :func:`linear` and
-  :func:`matmul`), which run on TF32 tensor cores on CUDA, forward and backward.
+  :func:`matmul`), which run on TF32 tensor cores on CUDA, forward and backward;
+- ``"3xtf32"``: IEEE float32 too, except in the network's linear maps (:class:`Linear`,
+  :func:`linear`), each of which runs as three TF32 tensor-core products
+  (:mod:`fastcalc.tf32x3_kernel`), forward and backward: float32's accuracy within a few
+  units of its last place, on tensor cores; batched products (:func:`matmul`: PET's
+  attention) stay IEEE float32.
 
 The choice is read when a model's function is traced, and baked into the graph as the
-custom operator ``fastcalc::tf32_matmul``, which CUDA graphs record like any other.
-TF32 exists only on CUDA: elsewhere ``"tf32"`` computes what ``"float32"`` does.
+custom operators ``fastcalc::tf32_matmul`` and ``fastcalc::tf32x3_linear``, which CUDA
+graphs record like any other. TF32 exists only on CUDA: elsewhere ``"tf32"`` and
+``"3xtf32"`` compute what ``"float32"`` does.
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ __all__ = [
 ]
 
 #: ``precision`` values of fastcalc's calculators.
-PRECISIONS = ("float32", "tf32")
+PRECISIONS = ("float32", "tf32", "3xtf32")
 
-_NETWORK_TF32 = contextvars.ContextVar("fastcalc_network_tf32", default=False)
+_NETWORK = contextvars.ContextVar("fastcalc_network_precision", default="float32")
 _warned = False
 
 
@@ -46,8 +52,8 @@ def check_precision(precision: str, dtype: torch.dtype) -> str:
     if precision not in PRECISIONS:
         choices = ", ".join(map(repr, PRECISIONS))
         raise ValueError(f"precision must be one of {choices}; got {precision!r}")
-    if precision == "tf32" and dtype != torch.float32:
-        raise ValueError(f"precision='tf32' applies to dtype float32, not {dtype}")
+    if precision != "float32" and dtype != torch.float32:
+        raise ValueError(f"precision={precision!r} applies to dtype float32, not {dtype}")
     if precision == "tf32" and not _warned:
         warnings.warn(
             "precision='tf32': the network's matrix products run in TF32 (10-bit mantissa) "
@@ -80,15 +86,16 @@ def _set_fp32_flags(flags: tuple[str | None, str, str]) -> None:
 
 @contextmanager
 def matmul_precision(precision: str) -> Iterator[None]:
-    """Within: every float32 matrix product in IEEE float32, except, for ``"tf32"``, those
-    of the network's layers; torch's global settings are restored on exit."""
+    """Within: every float32 matrix product in IEEE float32, except, for ``"tf32"`` and
+    ``"3xtf32"``, those of the network's layers; torch's global settings are restored on
+    exit."""
     saved = _fp32_flags()
     torch.set_float32_matmul_precision("highest")  # sets the legacy and new API alike
-    token = _NETWORK_TF32.set(precision == "tf32")
+    token = _NETWORK.set(precision)
     try:
         yield
     finally:
-        _NETWORK_TF32.reset(token)
+        _NETWORK.reset(token)
         _set_fp32_flags(saved)
 
 
@@ -138,21 +145,65 @@ def _backward(
 _tf32_matmul.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _network_tf32(x: torch.Tensor) -> bool:
-    return _NETWORK_TF32.get() and x.is_cuda and x.dtype == torch.float32
+@torch.library.custom_op("fastcalc::tf32x3_linear", mutates_args=())
+def _tf32x3_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``a @ b + bias`` of float32 matrices (``bias`` optional) as three TF32 products on
+    CUDA, the bias added in the same kernel (:mod:`fastcalc.tf32x3_kernel`); elsewhere the
+    plain product."""
+    if not a.is_cuda:
+        return torch.matmul(a, b) if bias is None else torch.addmm(bias, a, b)
+    from . import tf32x3_kernel
+
+    return tf32x3_kernel.matmul(a, b, None if bias is None else bias.contiguous())
+
+
+@_tf32x3_linear.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _setup_context_x3(
+    ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: object
+) -> None:
+    _setup_context(ctx, inputs[:2], output)
+
+
+def _backward_x3(
+    ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
+    a, b = ctx.saved_tensors
+    grad_a = _tf32x3_linear(grad, b.mT, None) if ctx.needs_input_grad[0] else None
+    grad_b = _tf32x3_linear(a.mT, grad, None) if ctx.needs_input_grad[1] else None
+    grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+    return grad_a, grad_b, grad_bias
+
+
+_tf32x3_linear.register_autograd(_backward_x3, setup_context=_setup_context_x3)
+
+
+def _network(x: torch.Tensor) -> str:
+    """The network's precision for products of ``x``: ``"float32"`` off CUDA or float32."""
+    if not (x.is_cuda and x.dtype == torch.float32):
+        return "float32"
+    return _NETWORK.get()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for a network layer: TF32 under ``matmul_precision("tf32")`` on CUDA;
     ``a`` and ``b`` have the same leading (batch) dimensions."""
-    return _tf32_matmul(a, b) if _network_tf32(a) else torch.matmul(a, b)
+    return _tf32_matmul(a, b) if _network(a) == "tf32" else torch.matmul(a, b)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for a network layer: TF32 under ``matmul_precision("tf32")`` on CUDA."""
-    if not _network_tf32(x):
+    """``F.linear`` for a network layer: TF32 under ``matmul_precision("tf32")``, three TF32
+    products under ``matmul_precision("3xtf32")``, on CUDA."""
+    precision = _network(x)
+    if precision == "float32":
         return F.linear(x, weight, bias)
-    out = _tf32_matmul(x.reshape(-1, x.shape[-1]), weight.t()).view(*x.shape[:-1], -1)
+    rows = x.reshape(-1, x.shape[-1])
+    if precision == "3xtf32":
+        return _tf32x3_linear(rows, weight.t(), bias).view(*x.shape[:-1], -1)
+    out = _tf32_matmul(rows, weight.t()).view(*x.shape[:-1], -1)
     return out if bias is None else out + bias
 
 

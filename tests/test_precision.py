@@ -16,13 +16,14 @@ from fastcalc.precision import check_precision, global_tf32, matmul_precision
 
 
 def test_unknown_precision_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="'float32', 'tf32'; got 'bf16'"):
+    with pytest.raises(ValueError, match="'float32', 'tf32', '3xtf32'; got 'bf16'"):
         check_precision("bf16", torch.float32)
 
 
-def test_tf32_needs_float32():
+@pytest.mark.parametrize("reduced", ["tf32", "3xtf32"])
+def test_tf32_products_need_float32(reduced):
     with pytest.raises(ValueError, match="dtype float32"):
-        check_precision("tf32", torch.float64)
+        check_precision(reduced, torch.float64)
 
 
 def test_tf32_warns_once_that_it_is_reduced_precision(monkeypatch):
@@ -71,8 +72,24 @@ def test_the_tf32_product_has_the_derivatives_of_a_matrix_product():
         assert torch.autograd.gradgradcheck(precision._tf32_matmul, (a, b))
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_3xtf32_product_has_the_derivatives_of_a_linear_map(with_bias):
+    """As above, for matrices (the only operands it takes) and an optional bias."""
+    generator = torch.Generator().manual_seed(1)
+    a, b, bias = (
+        torch.randn(shape, dtype=torch.float64, generator=generator, requires_grad=True)
+        for shape in [(5, 4), (4, 3), (3,)]
+    )
+    operands = (a, b, bias if with_bias else None)
+    torch.testing.assert_close(
+        precision._tf32x3_linear(*operands), a @ b + bias if with_bias else a @ b
+    )
+    assert torch.autograd.gradcheck(precision._tf32x3_linear, operands)
+    assert torch.autograd.gradgradcheck(precision._tf32x3_linear, operands)
+
+
 @pytest.mark.usefixtures("restore_flags")
-def test_on_the_cpu_float32_ignores_the_global_flags_and_tf32_changes_nothing(monkeypatch):
+def test_on_the_cpu_float32_ignores_the_global_flags_and_tf32_products_change_nothing(monkeypatch):
     atoms = bulk("Cu", cubic=True).repeat(2)
     atoms.rattle(0.05, seed=1)
 
@@ -87,6 +104,7 @@ def test_on_the_cpu_float32_ignores_the_global_flags_and_tf32_changes_nothing(mo
     monkeypatch.setattr(precision, "_warned", False)
     with pytest.warns(UserWarning, match="TF32"):
         np.testing.assert_array_equal(forces(precision="tf32"), exact)
+    np.testing.assert_array_equal(forces(precision="3xtf32"), exact)
 
 
 def test_global_tf32_turns_torchs_switch_on_within_and_restores_it():

@@ -192,7 +192,8 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
     (``umas_fast_gpu`` on CUDA for lmax = mmax = 2), ``fairchem-general`` the same
     preset on the general backend, ``fairchem-tf32`` the ``multigpu`` preset (TF32,
     backend left to fairchem); fastcalc runs its default mode (CUDA graphs on CUDA, eager
-    on CPU), in float32 and, as ``fastcalc-tf32``, with ``precision="tf32"``.
+    on CPU), in float32 and, as ``fastcalc-tf32`` and ``fastcalc-3xtf32``, with
+    ``precision="tf32"`` and ``"3xtf32"`` (the latter against fairchem's float32).
     """
     path = folder / "uma.pt"
     backbone = default_backbone(**(UMA_TINY if small else UMA_S))
@@ -207,6 +208,9 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
         ),
         "fastcalc-tf32": _once(
             lambda: BucketedCalculator(path, task_name="omat", device=device, precision="tf32")
+        ),
+        "fastcalc-3xtf32": _once(
+            lambda: BucketedCalculator(path, task_name="omat", device=device, precision="3xtf32")
         ),
         "fastcalc": _once(lambda: BucketedCalculator(path, task_name="omat", device=device)),
     }
@@ -224,7 +228,7 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
         contenders=lambda: factories,
         pairs=(
             ("fairchem", "fastcalc"), ("fairchem-general", "fastcalc"),
-            ("fairchem-tf32", "fastcalc-tf32"),
+            ("fairchem-tf32", "fastcalc-tf32"), ("fairchem", "fastcalc-3xtf32"),
         ),
         streamed=("fairchem", "fastcalc"),
         batched=lambda: fairchem_batched(path, "omat", device),

@@ -162,6 +162,15 @@ def test_tf32_forces_stay_within_a_percent_of_float64(float64, tf32):
     assert tf32.compile_stats["recompiles"] == 0
 
 
+def test_3xtf32_forces_have_float32_accuracy(model, float64):
+    calc = CompiledPETCalculator(model.pt, device="cuda", precision="3xtf32")
+    for name, structure in SIZES.items():
+        atoms = structure()
+        forces, exact = results(calc, atoms)["forces"], results(float64, atoms)["forces"]
+        assert relative_error(forces, exact) < 1e-4, name  # float32 round-off
+    assert calc.compile_stats["recompiles"] == 0
+
+
 def test_evaluate_many_under_cuda_graphs_matches_eager_one_at_a_time(compiled, eager):
     """Two batches of different sizes and periodicities through the batched graph: each
     result equals the eager calculator's for that structure alone; one compilation."""

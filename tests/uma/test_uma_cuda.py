@@ -151,6 +151,17 @@ def test_tf32_forces_stay_within_a_percent_of_float64(float64, tf32):
     assert tf32.compile_stats["recompiles"] == 0
 
 
+def test_3xtf32_forces_have_float32_accuracy(uma_checkpoints, float64):
+    calc = BucketedCalculator(
+        uma_checkpoints["main"].path, task_name="omat", device="cuda", precision="3xtf32"
+    )
+    for seed, repeats in enumerate([(2, 2, 2), (3, 3, 3)]):
+        atoms = copper(repeats, seed)
+        forces, exact = results(calc, atoms)[1], results(float64, atoms)[1]
+        assert force_error(forces, exact) < 1e-4, repeats  # float32 round-off
+    assert calc.compile_stats["recompiles"] == 0
+
+
 def test_per_atom_energies_match_eager_and_sum_to_the_energy(calculators):
     graphs, eager = calculators
     atoms = copper((2, 2, 2), 5)
