@@ -17,8 +17,9 @@ largest force. So a calculator call runs under :func:`matmul_precision`:
   attention) stay IEEE float32.
 
 The choice is read when a model's function is traced, and baked into the graph as the
-custom operators ``fastcalc::tf32_matmul`` and ``fastcalc::tf32x3_linear``, which CUDA
-graphs record like any other. TF32 exists only on CUDA: elsewhere ``"tf32"`` and
+custom operators ``fastcalc::tf32_matmul``, ``fastcalc::tf32_linear`` and
+``fastcalc::tf32x3_linear`` (the linear maps add their bias in the same product), which
+CUDA graphs record like any other. TF32 exists only on CUDA: elsewhere ``"tf32"`` and
 ``"3xtf32"`` compute what ``"float32"`` does.
 """
 
@@ -112,15 +113,22 @@ def global_tf32() -> Iterator[None]:
         _set_fp32_flags(saved)
 
 
-@torch.library.custom_op("fastcalc::tf32_matmul", mutates_args=())
-def _tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` on TF32 tensor cores (same leading dimensions, no broadcasting)."""
+@contextmanager
+def _tf32_products() -> Iterator[None]:
+    """Within: float32 products on TF32 tensor cores; the previous setting restored."""
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
-        return torch.matmul(a, b)
+        yield
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+@torch.library.custom_op("fastcalc::tf32_matmul", mutates_args=())
+def _tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` on TF32 tensor cores (same leading dimensions, no broadcasting)."""
+    with _tf32_products():
+        return torch.matmul(a, b)
 
 
 @_tf32_matmul.register_fake
@@ -129,7 +137,7 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: object) -> None:
-    a, b = inputs
+    a, b = inputs[:2]
     ctx.save_for_backward(a if b.requires_grad else None, b if a.requires_grad else None)
 
 
@@ -145,6 +153,14 @@ def _backward(
 _tf32_matmul.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("fastcalc::tf32_linear", mutates_args=())
+def _tf32_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``a @ b + bias`` of matrices (``bias`` optional) on TF32 tensor cores, the bias
+    added by cuBLAS in the same product."""
+    with _tf32_products():
+        return torch.matmul(a, b) if bias is None else torch.addmm(bias, a, b)
+
+
 @torch.library.custom_op("fastcalc::tf32x3_linear", mutates_args=())
 def _tf32x3_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``a @ b + bias`` of float32 matrices (``bias`` optional) as three TF32 products on
@@ -157,28 +173,28 @@ def _tf32x3_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) 
     return tf32x3_kernel.matmul(a, b, None if bias is None else bias.contiguous())
 
 
-@_tf32x3_linear.register_fake
-def _(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return a.new_empty((a.shape[0], b.shape[1]))
+def _register_linear(op: torch.library.CustomOpDef) -> None:
+    """Shape and derivatives of a linear-map operator ``op(a, b, bias)``, whose
+    backward products are ``op`` too."""
+
+    def fake(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return a.new_empty((a.shape[0], b.shape[1]))
+
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        a, b = ctx.saved_tensors
+        grad_a = op(grad, b.mT, None) if ctx.needs_input_grad[0] else None
+        grad_b = op(a.mT, grad, None) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_a, grad_b, grad_bias
+
+    op.register_fake(fake)
+    op.register_autograd(backward, setup_context=_setup_context)
 
 
-def _setup_context_x3(
-    ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: object
-) -> None:
-    _setup_context(ctx, inputs[:2], output)
-
-
-def _backward_x3(
-    ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-) -> tuple[torch.Tensor | None, ...]:
-    a, b = ctx.saved_tensors
-    grad_a = _tf32x3_linear(grad, b.mT, None) if ctx.needs_input_grad[0] else None
-    grad_b = _tf32x3_linear(a.mT, grad, None) if ctx.needs_input_grad[1] else None
-    grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
-    return grad_a, grad_b, grad_bias
-
-
-_tf32x3_linear.register_autograd(_backward_x3, setup_context=_setup_context_x3)
+_register_linear(_tf32_linear)
+_register_linear(_tf32x3_linear)
 
 
 def _network(x: torch.Tensor) -> str:
@@ -200,11 +216,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     precision = _network(x)
     if precision == "float32":
         return F.linear(x, weight, bias)
-    rows = x.reshape(-1, x.shape[-1])
-    if precision == "3xtf32":
-        return _tf32x3_linear(rows, weight.t(), bias).view(*x.shape[:-1], -1)
-    out = _tf32_matmul(rows, weight.t()).view(*x.shape[:-1], -1)
-    return out if bias is None else out + bias
+    product = _tf32_linear if precision == "tf32" else _tf32x3_linear
+    return product(x.reshape(-1, x.shape[-1]), weight.t(), bias).view(*x.shape[:-1], -1)
 
 
 class Linear(nn.Linear):

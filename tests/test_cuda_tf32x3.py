@@ -47,6 +47,8 @@ def test_one_tf32_product_of_the_same_operands_is_far_less_accurate(m, k, n):
     out: cuBLAS computes it exactly, without tensor cores)."""
     a, b, exact = operands(m, k, n)
     assert relative_error(precision._tf32_matmul(a, b), exact) > 1e-4
+    bias = torch.linspace(-3.0, 3.0, n, device="cuda")
+    assert relative_error(precision._tf32_linear(a, b, bias), exact + bias.double()) > 1e-4
 
 
 def test_the_gradient_has_float32_accuracy():

@@ -73,8 +73,10 @@ def test_the_tf32_product_has_the_derivatives_of_a_matrix_product():
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_the_3xtf32_product_has_the_derivatives_of_a_linear_map(with_bias):
-    """As above, for matrices (the only operands it takes) and an optional bias."""
+@pytest.mark.parametrize("name", ["_tf32_linear", "_tf32x3_linear"])
+def test_the_linear_maps_have_the_derivatives_of_a_linear_map(name, with_bias):
+    """As above, for the network's linear maps: matrices and an optional bias."""
+    product = getattr(precision, name)
     generator = torch.Generator().manual_seed(1)
     a, b, bias = (
         torch.randn(shape, dtype=torch.float64, generator=generator, requires_grad=True)
@@ -82,10 +84,10 @@ def test_the_3xtf32_product_has_the_derivatives_of_a_linear_map(with_bias):
     )
     operands = (a, b, bias if with_bias else None)
     torch.testing.assert_close(
-        precision._tf32x3_linear(*operands), a @ b + bias if with_bias else a @ b
+        product(*operands), a @ b + bias if with_bias else a @ b
     )
-    assert torch.autograd.gradcheck(precision._tf32x3_linear, operands)
-    assert torch.autograd.gradgradcheck(precision._tf32x3_linear, operands)
+    assert torch.autograd.gradcheck(product, operands)
+    assert torch.autograd.gradgradcheck(product, operands)
 
 
 @pytest.mark.usefixtures("restore_flags")
