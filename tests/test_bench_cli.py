@@ -190,12 +190,13 @@ def test_small_uma_bench_times_fastcalc_and_fairchem_on_a_tiny_uma(tmp_path, cap
     assert [(row["impl"], row["model"]) for row in rows] == [
         ("fairchem", "uma-tiny-random"), ("fairchem-general", "uma-tiny-random"),
         ("fairchem-tf32", "uma-tiny-random"), ("fastcalc-tf32", "uma-tiny-random"),
-        ("fastcalc", "uma-tiny-random"),
+        ("fastcalc-3xtf32", "uma-tiny-random"), ("fastcalc", "uma-tiny-random"),
     ]
     assert "eager fastcalc against fairchem (float32, 32 atoms)" in printed
     assert "| atoms | fairchem ms | fastcalc ms | ratio |" in printed
     assert "| atoms | fairchem-general ms | fastcalc ms | ratio |" in printed
     assert "| atoms | fairchem-tf32 ms | fastcalc-tf32 ms | ratio |" in printed
+    assert "| atoms | fairchem ms | fastcalc-3xtf32 ms | ratio |" in printed
 
 
 def test_the_fairchem_reference_is_the_high_precision_preset_with_fairchems_backend(tmp_path):
