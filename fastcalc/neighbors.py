@@ -20,10 +20,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .nvalchemiops_import import import_neighbor_list
 from .stderr_filter import NO_CUDA_DRIVER_NOTICE, dropping_stderr_lines
 
 with dropping_stderr_lines(NO_CUDA_DRIVER_NOTICE):  # warp's notice on CPU-only machines
-    from nvalchemiops.torch.neighbors import neighbor_list as _nvalchemi_neighbor_list
+    _nvalchemi_neighbor_list = import_neighbor_list()
 
 __all__ = [
     "MAX_DENSITY",
