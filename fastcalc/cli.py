@@ -58,6 +58,10 @@ from .uma import NotUMACheckpointError, UnknownTaskError
 __all__ = ["USER_ERRORS", "WORKLOADS", "UsageError", "default_out", "main"]
 
 #: What ``fastcalc bench`` times.
+#: What each ``--precision`` means (see :mod:`fastcalc.precision`).
+PRECISION_HELP = ("float32: IEEE float32 throughout; tf32: the network's matrix products on "
+                  "TF32 tensor cores (CUDA, errors near 1e-2 of the largest force); 3xtf32: "
+                  "its linear maps as three TF32 products each (CUDA, float32's accuracy)")
 WORKLOADS = ("sizes", "stream", "first-result", "throughput")
 
 
@@ -140,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     md.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                     help="the model's floating-point precision")
     md.add_argument("--precision", choices=PRECISIONS, default="float32",
-                    help="tf32: the network's matrix products on TF32 tensor cores (CUDA)")
+                    help=PRECISION_HELP)
     md.add_argument("--output", metavar="FILE",
                     help="trajectory with energies and forces, every 10th step: "
                          f"{', '.join(TRAJECTORY_FORMATS)} (.xyz is extended XYZ)")
@@ -217,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     compile_.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                           help="the model's floating-point precision")
     compile_.add_argument("--precision", choices=PRECISIONS, default="float32",
-                          help="tf32: the network's matrix products on TF32 tensor cores")
+                          help=PRECISION_HELP)
     compile_.add_argument("--cache-dir", type=Path, metavar="FOLDER",
                           help="the cache folder (default: $FASTCALC_CACHE_DIR or "
                                "~/.cache/fastcalc)")
