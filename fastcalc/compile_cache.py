@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
+import logging
 import os
 import platform
 import tempfile
@@ -51,6 +53,7 @@ _SUFFIX = ".fastcalc-compiled"
 #: The subfolder of models converted from their files (:mod:`fastcalc.converted`).
 CONVERTED = "converted"
 _MAGIC = b"fastcalc-compiled-2\n"
+_log = logging.getLogger("fastcalc")
 
 
 def default_cache_dir() -> Path:
@@ -187,13 +190,25 @@ class CompileCache:
         if not path.exists():
             return None
         try:
+            moments = [time.perf_counter()]
             stored_key, saved, artifacts, triton = _read(path)
             if stored_key != asdict(key):
                 raise ValueError("its key does not match")
+            moments.append(time.perf_counter())
             if artifacts:
                 torch.compiler.load_cache_artifacts(artifacts)
+            moments.append(time.perf_counter())
             triton_bundle.unpack(kernels, triton)
-            return LoadedGraph.load(saved, owner)
+            moments.append(time.perf_counter())
+            loaded = LoadedGraph.load(saved, owner)
+            moments.append(time.perf_counter())
+            _log.info(
+                "fastcalc: loading the stored model took %.1f s: reading %.1f s, torch's "
+                "compile artifacts %.1f s, Triton kernels %.1f s, the compiled code %.1f s "
+                "(with the imports of dynamo and inductor)",
+                moments[-1] - moments[0], *(b - a for a, b in itertools.pairwise(moments)),
+            )
+            return loaded
         except Exception as error:  # any damage: report, drop, compile again
             warnings.warn(
                 f"fastcalc: compile cache entry {path} is unusable ({error}); compiling "

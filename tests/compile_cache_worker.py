@@ -1,7 +1,9 @@
 """One process of the compile cache tests: compile the Morse graph of a copper crystal
-with the disk cache in ``sys.argv[1]`` and print its results and stats as JSON."""
+with the disk cache in ``sys.argv[1]`` and print its results and stats as JSON (and
+fastcalc's INFO log to standard error)."""
 
 import json
+import logging
 import sys
 
 import torch
@@ -19,6 +21,8 @@ def key() -> CacheKey:
 
 
 if __name__ == "__main__":
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("fastcalc").setLevel(logging.INFO)
     runner = GraphRunner(morse_efs, "default", CompileCache(sys.argv[1]), key)
     energy, forces, stress = runner(*graph_inputs(crystal((2, 2, 2))))
     print(json.dumps({

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,16 @@ def test_a_second_process_runs_the_stored_entry_without_compiling(stored, tmp_pa
         "compilations": 0, "cuda_graphs": 0, "recompiles": 0, "from_cache": 1
     }
     assert_equal_to_eager(result, eager)
+
+
+def test_loading_an_entry_logs_where_its_time_went(stored, tmp_path):
+    _, err = run(stored, tmp_path / "inductor")
+    (line,) = [line for line in err.splitlines() if "loading the stored model" in line]
+    parts = re.findall(r"(\d+\.\d) s", line)
+    assert len(parts) == 5  # the total, then reading, artifacts, kernels, compiled code
+    total, *phases = map(float, parts)
+    assert total == pytest.approx(sum(phases), abs=0.25)  # each rounded to 0.1 s
+    assert "first compiled call" in err
 
 
 def test_a_damaged_entry_is_reported_rebuilt_and_results_stay_right(stored, tmp_path, eager):
