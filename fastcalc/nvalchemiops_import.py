@@ -33,11 +33,12 @@ def _register_lazily() -> None:
     state = {"initialised": False}
 
     def complete(name: str) -> object:
-        with lock:
+        with lock:  # other threads wait here until the package is complete
             if not state["initialised"]:
-                state["initialised"] = True
-                del package.__getattr__
+                state["initialised"] = True  # lookups from the __init__ itself: as usual
                 spec.loader.exec_module(package)
+                if package.__dict__.get("__getattr__") is complete:
+                    del package.__getattr__
         try:
             return package.__dict__[name]
         except KeyError:

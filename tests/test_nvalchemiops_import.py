@@ -42,3 +42,13 @@ def test_fastcalc_uses_the_same_neighbor_list_whichever_package_came_first():
             "print(json.dumps(f._nvalchemi_neighbor_list is n.neighbor_list))")
     assert _run(code) is True
     assert _run("import fastcalc\n" + code) is True
+
+
+def test_threads_completing_the_package_at_once_all_get_their_names():
+    code = ("import json, fastcalc\nfrom concurrent.futures import ThreadPoolExecutor\n"
+            "import nvalchemiops.torch as package\n"
+            "names = ['fire2_step_coord', 'segmented_sum', 'lbfgs_step_coord', 'LBFGSState'] * 4\n"
+            "with ThreadPoolExecutor(8) as pool:\n"
+            "    got = list(pool.map(lambda name: getattr(package, name) is not None, names))\n"
+            "print(json.dumps(all(got)))")
+    assert _run(code) is True
