@@ -57,11 +57,11 @@ from .uma import NotUMACheckpointError, UnknownTaskError
 
 __all__ = ["USER_ERRORS", "WORKLOADS", "UsageError", "default_out", "main"]
 
-#: What ``fastcalc bench`` times.
 #: What each ``--precision`` means (see :mod:`fastcalc.precision`).
 PRECISION_HELP = ("float32: IEEE float32 throughout; tf32: the network's matrix products on "
                   "TF32 tensor cores (CUDA, errors near 1e-2 of the largest force); 3xtf32: "
                   "its linear maps as three TF32 products each (CUDA, float32's accuracy)")
+#: What ``fastcalc bench`` times.
 WORKLOADS = ("sizes", "stream", "first-result", "throughput")
 
 

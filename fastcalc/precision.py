@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -141,16 +141,27 @@ def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, outp
     ctx.save_for_backward(a if b.requires_grad else None, b if a.requires_grad else None)
 
 
-def _backward(
-    ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+def _product_grads(
+    ctx: torch.autograd.function.FunctionCtx,
+    grad: torch.Tensor,
+    product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of ``a @ b``'s operands (saved by :func:`_setup_context`), each
+    computed by ``product`` (the same precision as the forward pass)."""
     a, b = ctx.saved_tensors
-    grad_a = _tf32_matmul(grad, b.mT) if ctx.needs_input_grad[0] else None
-    grad_b = _tf32_matmul(a.mT, grad) if ctx.needs_input_grad[1] else None
+    grad_a = product(grad, b.mT) if ctx.needs_input_grad[0] else None
+    grad_b = product(a.mT, grad) if ctx.needs_input_grad[1] else None
     return grad_a, grad_b
 
 
-_tf32_matmul.register_autograd(_backward, setup_context=_setup_context)
+_tf32_matmul.register_autograd(
+    lambda ctx, grad: _product_grads(ctx, grad, _tf32_matmul), setup_context=_setup_context
+)
+
+
+def _plain_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``a @ b + bias`` (``bias`` optional) in torch's current precision."""
+    return torch.matmul(a, b) if bias is None else torch.addmm(bias, a, b)
 
 
 @torch.library.custom_op("fastcalc::tf32_linear", mutates_args=())
@@ -158,7 +169,7 @@ def _tf32_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) ->
     """``a @ b + bias`` of matrices (``bias`` optional) on TF32 tensor cores, the bias
     added by cuBLAS in the same product."""
     with _tf32_products():
-        return torch.matmul(a, b) if bias is None else torch.addmm(bias, a, b)
+        return _plain_linear(a, b, bias)
 
 
 @torch.library.custom_op("fastcalc::tf32x3_linear", mutates_args=())
@@ -167,7 +178,7 @@ def _tf32x3_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) 
     CUDA, the bias added in the same kernel (:mod:`fastcalc.tf32x3_kernel`); elsewhere the
     plain product."""
     if not a.is_cuda:
-        return torch.matmul(a, b) if bias is None else torch.addmm(bias, a, b)
+        return _plain_linear(a, b, bias)
     from . import tf32x3_kernel
 
     return tf32x3_kernel.matmul(a, b, None if bias is None else bias.contiguous())
@@ -183,9 +194,7 @@ def _register_linear(op: torch.library.CustomOpDef) -> None:
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        a, b = ctx.saved_tensors
-        grad_a = op(grad, b.mT, None) if ctx.needs_input_grad[0] else None
-        grad_b = op(a.mT, grad, None) if ctx.needs_input_grad[1] else None
+        grad_a, grad_b = _product_grads(ctx, grad, lambda x, y: op(x, y, None))
         grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
         return grad_a, grad_b, grad_bias
 
