@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fastcalc.uma import edge_kernels  # noqa: E402
 from fastcalc.bench.timing import synchronize  # noqa: E402
-from fastcalc.uma.edge_ops import dense_rotations, radial_rows  # noqa: E402
+from fastcalc.uma.edge_ops import dense_rotations, order_sizes, radial_rows  # noqa: E402
 
 
 def median_ms(fn: Callable[[], object], calls: int = 20) -> float:
@@ -98,21 +98,26 @@ def main() -> None:
             median_ms(lambda: torch_backward(torch_nodes, nodes_inputs, grad_nodes), args.calls),
         )
     )
+    sizes = order_sizes(lmax, mmax)  # the kernels take edge-frame features by order
+    message_blocks = [b.contiguous() for b in messages.split(sizes, dim=1)]
+    grad_blocks = [b.contiguous() for b in grad_pairs.split(sizes, dim=1)]
     kernels = {
         "pairs": lambda: edge_kernels.pairs(x, wigner, radial, neighbour, centre, mmax),
         "pairs backward": lambda: edge_kernels.pairs_backward(
-            grad_pairs, x, wigner, radial, neighbour, centre, mmax
+            grad_blocks, x, wigner, radial, neighbour, centre, mmax
         ),
-        "nodes": lambda: edge_kernels.to_nodes(x, messages, wigner, envelope, centre, mmax),
+        "nodes": lambda: edge_kernels.to_nodes(x, message_blocks, wigner, envelope, centre, mmax),
         "nodes backward": lambda: edge_kernels.to_nodes_backward(
-            grad_nodes, messages, wigner, envelope, centre, mmax
+            grad_nodes, message_blocks, wigner, envelope, centre, mmax
         ),
     }
     for tile in args.tiles:
         for warps in args.warps:
             edge_kernels.TILE, edge_kernels.WARPS = tile, warps
-            got = [kernels["pairs"](), *kernels["pairs backward"](), kernels["nodes"](),
-                   *kernels["nodes backward"]()]
+            *grad_messages, grad_wigner, grad_envelope = kernels["nodes backward"]()
+            got = [torch.cat(kernels["pairs"](), dim=1), *kernels["pairs backward"](),
+                   kernels["nodes"](), torch.cat(grad_messages, dim=1), grad_wigner,
+                   grad_envelope]
             error = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, expected))
             times = ", ".join(f"{name} {median_ms(fn, args.calls):.3f}"
                               for name, fn in kernels.items())

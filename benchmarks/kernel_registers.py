@@ -26,14 +26,19 @@ sys.path.insert(0, str(ROOT))
 from fastcalc.uma import edge_kernels  # noqa: E402
 
 F32, I64, I32 = "*fp32", "*i64", "i32"
-PAIRS = dict(x_ptr=F32, w_ptr=F32, radial_ptr=F32, src_ptr=I64, out_ptr=F32, E=I32, C=I32)
-PAIRS_BACKWARD = dict(grad_ptr=F32, x_ptr=F32, w_ptr=F32, radial_ptr=F32, src_ptr=I64,
-                      grad_x_ptr=F32, grad_w_ptr=F32, grad_radial_ptr=F32, E=I32, C=I32)
-NODES = dict(msg_ptr=F32, w_ptr=F32, env_ptr=F32, centre_ptr=I64, out_ptr=F32, E=I32, C=I32)
-NODES_BACKWARD = dict(grad_ptr=F32, msg_ptr=F32, w_ptr=F32, env_ptr=F32, centre_ptr=I64,
-                      grad_msg_ptr=F32, grad_w_ptr=F32, grad_env_ptr=F32, E=I32, C=I32)
+BLOCKS = ("0", "1", "2")  # one pointer per order's block of edge-frame features
+PAIRS = dict(x_ptr=F32, w_ptr=F32, radial_ptr=F32, src_ptr=I64,
+             **{f"out{m}": F32 for m in BLOCKS}, E=I32, C=I32)
+PAIRS_BACKWARD = dict(**{f"g{m}": F32 for m in BLOCKS}, x_ptr=F32, w_ptr=F32, radial_ptr=F32,
+                      src_ptr=I64, grad_x_ptr=F32, grad_w_ptr=F32, grad_radial_ptr=F32, E=I32,
+                      C=I32)
+NODES = dict(**{f"msg{m}": F32 for m in BLOCKS}, w_ptr=F32, env_ptr=F32, centre_ptr=I64,
+             out_ptr=F32, E=I32, C=I32)
+NODES_BACKWARD = dict(grad_ptr=F32, **{f"msg{m}": F32 for m in BLOCKS}, w_ptr=F32, env_ptr=F32,
+                      centre_ptr=I64, **{f"grad_msg{m}": F32 for m in BLOCKS}, grad_w_ptr=F32,
+                      grad_env_ptr=F32, E=I32, C=I32)
 #: UMA-S: lmax = mmax = 2, 128 channels, 35 rotation entries per edge, 6 radial rows
-SIZES = dict(LMAX=2, MMAX=2, M=9, K=9, S=35, NR=6, KB=8, BLOCK_C=128)
+SIZES = dict(LMAX=2, MMAX=2, K=9, S=35, NR=6, KB=8, BLOCK_C=128)
 KERNELS = {
     "pairs": (edge_kernels._pairs_kernel, PAIRS),
     "pairs backward": (edge_kernels._pairs_backward_kernel, PAIRS_BACKWARD),

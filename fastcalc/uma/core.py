@@ -38,7 +38,7 @@ from .checkpoint import TaskSpec, UMACheckpoint
 from .edge_ops import compact_rotations, edge_pairs, edge_to_nodes
 from .experts import ExpertRouter, SystemEmbedding
 from .layers import (
-    Gate,
+    EdgeGate,
     MixedLinear,
     RMSNormSH,
     SO2Convolution,
@@ -48,9 +48,7 @@ from .layers import (
 from .radial import RadialNetworks
 from .so3 import (
     WignerFromSamples,
-    coefficient_degrees,
     edge_frame_rotation,
-    m_major_order,
     rotate_back_m0,
 )
 
@@ -90,7 +88,7 @@ class EdgeFrames:
 
     ``rotation`` (E, S) is each edge's Wigner-D matrix, its blocks by degree stored
     compactly (:func:`fastcalc.uma.edge_ops.compact_rotations`; the operators take its
-    rows in the edge-frame order of :func:`m_major_order`, m up to ``mmax``); the envelope
+    rows in the edge-frame order of :func:`fastcalc.uma.so3.m_major_order`, m up to ``mmax``); the envelope
     (E,) scales the messages on their way back to the atoms. The edge work itself runs in the operators of
     :mod:`fastcalc.uma.edge_ops`, which keep no edge-sized features for the backward
     pass but the messages.
@@ -109,17 +107,18 @@ class EdgeFrames:
         neighbour: torch.Tensor,
         centre: torch.Tensor,
         radial: torch.Tensor,
-    ) -> torch.Tensor:
-        """Edge-frame pairs ``[x_neighbour, x_centre]`` (E, M, 2C) of node features ``x``
-        (m up to ``mmax``), each component times its row of ``radial`` (E, rows * 2C; see
+    ) -> list[torch.Tensor]:
+        """Edge-frame pairs ``[x_neighbour, x_centre]`` of node features ``x`` by order
+        (m up to ``mmax``; :func:`fastcalc.uma.edge_ops.order_sizes`), each (E, rows, 2C),
+        each component times its row of ``radial`` (E, rows * 2C; see
         :func:`fastcalc.uma.edge_ops.radial_rows`)."""
         return edge_pairs(x, self.rotation, radial, neighbour, centre, self.mmax)
 
     def add_to_nodes(
-        self, x: torch.Tensor, centre: torch.Tensor, messages: torch.Tensor
+        self, x: torch.Tensor, centre: torch.Tensor, messages: list[torch.Tensor]
     ) -> torch.Tensor:
-        """``x`` plus the edge-frame ``messages`` (E, M, C) rotated back to the node frame,
-        times the envelope, summed at each edge's centre atom."""
+        """``x`` plus the edge-frame ``messages`` (by order, each (E, rows, C)) rotated back
+        to the node frame, times the envelope, summed at each edge's centre atom."""
         return edge_to_nodes(x, messages, self.rotation, self.envelope, centre, self.mmax)
 
     def m0_to_nodes(self, m0: torch.Tensor) -> torch.Tensor:
@@ -138,11 +137,10 @@ class _Block(nn.Module):
         edge = f"{prefix}edge_wise."
         self.norm_1 = RMSNormSH(weights, f"{prefix}norm_1.", lmax)
         self.conv_1 = SO2Convolution(
-            weights, f"{edge}so2_conv_1.", lmax, mmax, hidden, extra=lmax * hidden
+            weights, f"{edge}so2_conv_1.", mmax, hidden, extra=lmax * hidden
         )
-        degrees = coefficient_degrees(lmax)
-        self.gate = Gate([degrees[k] for k in m_major_order(lmax, mmax)], hidden)
-        self.conv_2 = SO2Convolution(weights, f"{edge}so2_conv_2.", lmax, mmax, channels)
+        self.gate = EdgeGate(lmax, hidden)
+        self.conv_2 = SO2Convolution(weights, f"{edge}so2_conv_2.", mmax, channels)
         self.norm_2 = RMSNormSH(weights, f"{prefix}norm_2.", lmax)
         self.feed_forward = SpectralFeedForward(weights, f"{prefix}atom_wise.", lmax, hidden)
 

@@ -7,10 +7,11 @@ degree's 2l + 1 feature components (padded to ``KB``, the next power of two of
 2 lmax + 1), with plain FMAs (IEEE float32 or float64, never TF32). Sums over edges into
 atoms use relaxed atomic adds (no ordering: nothing reads the sums before the kernel
 ends), as inductor's ``index_add`` does on CUDA; the sums over the two signs of m are
-made in registers and those over the two sides by the caller. The edge-frame rows and
-radial rows follow :func:`fastcalc.uma.so3.m_major_order` and
-:func:`fastcalc.uma.edge_ops.radial_rows`, unrolled at compile time: the +m row of
-degree l reads block row ``a = l + m`` of its degree, the -m row ``a = l - m``.
+made in registers and those over the two sides by the caller. Edge-frame features come
+as one tensor per order m (:func:`fastcalc.uma.edge_ops.order_sizes`; a kernel takes one
+pointer per order) and radial rows follow :func:`fastcalc.uma.edge_ops.radial_rows`, all
+unrolled at compile time: the +m row of degree l reads block row ``a = l + m`` of its
+degree, the -m row ``a = l - m``.
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .edge_ops import order_sizes
+
 #: Elements of the (edges, KB, channels) tile each program holds, and its warps: one edge
 #: per program and one warp was fastest for all four kernels on an H200 (78,000 edges,
 #: 128 channels; tiles 512-2048, 1-4 warps; 2 warps at this tile were 1.3-3x slower).
 TILE = 1024
 WARPS = 1
+#: Largest order m the kernels take: one pointer per order's block (every UMA checkpoint
+#: has mmax = 2); :mod:`fastcalc.uma.edge_ops` runs its torch code for larger ones.
+MAX_ORDER = 2
 
 
 def _device(tensor: Tensor) -> contextlib.AbstractContextManager:
@@ -41,9 +47,22 @@ def _order_start(m: tl.constexpr, LMAX: tl.constexpr):
 
 
 @triton.jit
-def _plus_row(m: tl.constexpr, l: tl.constexpr, LMAX: tl.constexpr):
-    """Edge-frame row of component (l, +m), m >= 1; its -m row is ``LMAX - m + 1`` later."""
-    return LMAX + 1 + 2 * _order_start(m, LMAX) + l - m
+def _row(p0, p1, p2, e, m: tl.constexpr, j: tl.constexpr, LMAX: tl.constexpr, W):
+    """Pointers (edges, 1) to row ``j`` of the edges' order-``m`` block, given the blocks
+    of orders 0, 1 and 2 (each (E, rows, W), :func:`fastcalc.uma.edge_ops.order_sizes`)."""
+    if m == 0:
+        row = p0 + e[:, None] * ((LMAX + 1) * W) + j * W
+    elif m == 1:
+        row = p1 + e[:, None] * (2 * LMAX * W) + j * W
+    else:
+        row = p2 + e[:, None] * (2 * (LMAX - 1) * W) + j * W
+    return row
+
+
+@triton.jit
+def _signed_row(m: tl.constexpr, l: tl.constexpr, sign: tl.constexpr, LMAX: tl.constexpr):
+    """Row of component (l, +m) (``sign`` 0) or (l, -m) (``sign`` 1) in order m's block."""
+    return l - m + sign * (LMAX - m + 1)
 
 
 @triton.jit
@@ -69,9 +88,9 @@ def _rotation_row(w_ptr, e, e_ok, kb, l: tl.constexpr, a: tl.constexpr, S: tl.co
 
 @triton.jit
 def _pairs_kernel(
-    x_ptr, w_ptr, radial_ptr, src_ptr, out_ptr,
+    x_ptr, w_ptr, radial_ptr, src_ptr, out0, out1, out2,
     E, C,
-    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
     NR: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     side = tl.program_id(1)
@@ -83,31 +102,31 @@ def _pairs_kernel(
     mask = e_ok[:, None] & (c < C)[None, :]
     src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
     radial = radial_ptr + e[:, None] * (NR * 2 * C) + side * C + c[None, :]
-    out = out_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
+    column = side * C + c[None, :]
     for l in tl.static_range(LMAX + 1):
         x, _, _ = _features(x_ptr, src, e_ok, kb, c, C, l, K)
         r = _rotation_row(w_ptr, e, e_ok, kb, l, l, S)  # m = 0: row l, radial row l
         scale = tl.load(radial + l * 2 * C, mask=mask, other=0.0)
-        tl.store(out + l * 2 * C, tl.sum(r[:, :, None] * x, axis=1) * scale, mask=mask)
+        tl.store(_row(out0, out1, out2, e, 0, l, LMAX, 2 * C) + column,
+                 tl.sum(r[:, :, None] * x, axis=1) * scale, mask=mask)
         for m in tl.static_range(1, MMAX + 1):
             if m <= l:  # +m and -m rows share a radial row
                 scale = tl.load(radial + (LMAX + 1 + _order_start(m, LMAX) + l - m) * 2 * C,
                                 mask=mask, other=0.0)
                 for sign in tl.static_range(2):
                     r = _rotation_row(w_ptr, e, e_ok, kb, l, l + m - 2 * m * sign, S)
-                    row = _plus_row(m, l, LMAX) + sign * (LMAX - m + 1)
-                    tl.store(out + row * 2 * C, tl.sum(r[:, :, None] * x, axis=1) * scale,
-                             mask=mask)
+                    row = _row(out0, out1, out2, e, m, _signed_row(m, l, sign, LMAX), LMAX, 2 * C)
+                    tl.store(row + column, tl.sum(r[:, :, None] * x, axis=1) * scale, mask=mask)
 
 
 @triton.jit
-def _row_backward(grad, w_ptr, grad_w, x, scale, e, e_ok, kb, mask, row,
-                  l: tl.constexpr, a: tl.constexpr, S: tl.constexpr, C):
-    """Edge-frame ``row`` (block row ``a`` of degree ``l``): its share of the radial row's
-    gradient (edges, channels) and of the degree's feature gradient (edges, KB,
-    channels); stores its block row of this side's rotation gradient."""
+def _row_backward(g_row, w_ptr, grad_w, x, scale, e, e_ok, kb, mask,
+                  l: tl.constexpr, a: tl.constexpr, S: tl.constexpr):
+    """Edge-frame row ``g_row`` of the gradient (block row ``a`` of degree ``l``): its share
+    of the radial row's gradient (edges, channels) and of the degree's feature gradient
+    (edges, KB, channels); stores its block row of this side's rotation gradient."""
     r = _rotation_row(w_ptr, e, e_ok, kb, l, a, S)
-    g = tl.load(grad + row * 2 * C, mask=mask, other=0.0)
+    g = tl.load(g_row, mask=mask, other=0.0)
     scaled = g * scale
     tl.store(grad_w + _block_row(l, a) + kb[None, :], tl.sum(scaled[:, None, :] * x, axis=2),
              mask=e_ok[:, None] & (kb < 2 * l + 1)[None, :])
@@ -116,10 +135,10 @@ def _row_backward(grad, w_ptr, grad_w, x, scale, e, e_ok, kb, mask, row,
 
 @triton.jit
 def _pairs_backward_kernel(
-    grad_ptr, x_ptr, w_ptr, radial_ptr, src_ptr,
+    g0, g1, g2, x_ptr, w_ptr, radial_ptr, src_ptr,
     grad_x_ptr, grad_w_ptr, grad_radial_ptr,
     E, C,
-    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
     NR: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     side = tl.program_id(1)
@@ -131,14 +150,14 @@ def _pairs_backward_kernel(
     mask = e_ok[:, None] & (c < C)[None, :]
     src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
     radial = e[:, None] * (NR * 2 * C) + side * C + c[None, :]
-    grad = grad_ptr + e[:, None] * (M * 2 * C) + side * C + c[None, :]
+    column = side * C + c[None, :]
     # this side's share of the rotation gradient, in (2, E, S): the caller sums the sides
     grad_w = grad_w_ptr + side * E * S + e[:, None] * S
     for l in tl.static_range(LMAX + 1):
         x, x_offsets, x_mask = _features(x_ptr, src, e_ok, kb, c, C, l, K)
         scale = tl.load(radial_ptr + radial + l * 2 * C, mask=mask, other=0.0)
-        grad_scale, grad_x = _row_backward(grad, w_ptr, grad_w, x, scale, e, e_ok, kb, mask, l,
-                                           l, l, S, C)
+        grad_scale, grad_x = _row_backward(_row(g0, g1, g2, e, 0, l, LMAX, 2 * C) + column,
+                                           w_ptr, grad_w, x, scale, e, e_ok, kb, mask, l, l, S)
         tl.store(grad_radial_ptr + radial + l * 2 * C, grad_scale, mask=mask)
         for m in tl.static_range(1, MMAX + 1):
             if m <= l:
@@ -146,10 +165,9 @@ def _pairs_backward_kernel(
                 scale = tl.load(radial_ptr + radial + radial_row * 2 * C, mask=mask, other=0.0)
                 grad_scale = tl.zeros((BLOCK_E, BLOCK_C), dtype=scale.dtype)
                 for sign in tl.static_range(2):
-                    share, update = _row_backward(
-                        grad, w_ptr, grad_w, x, scale, e, e_ok, kb, mask,
-                        _plus_row(m, l, LMAX) + sign * (LMAX - m + 1), l, l + m - 2 * m * sign,
-                        S, C)
+                    g_row = _row(g0, g1, g2, e, m, _signed_row(m, l, sign, LMAX), LMAX, 2 * C)
+                    share, update = _row_backward(g_row + column, w_ptr, grad_w, x, scale, e,
+                                                  e_ok, kb, mask, l, l + m - 2 * m * sign, S)
                     grad_scale += share
                     grad_x += update
                 tl.store(grad_radial_ptr + radial + radial_row * 2 * C, grad_scale, mask=mask)
@@ -158,9 +176,9 @@ def _pairs_backward_kernel(
 
 @triton.jit
 def _to_nodes_kernel(
-    msg_ptr, w_ptr, env_ptr, centre_ptr, out_ptr,
+    msg0, msg1, msg2, w_ptr, env_ptr, centre_ptr, out_ptr,
     E, C,
-    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
     KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -171,16 +189,17 @@ def _to_nodes_kernel(
     mask = e_ok[:, None] & (c < C)[None, :]
     envelope = tl.load(env_ptr + e, mask=e_ok, other=0.0)
     centre = tl.load(centre_ptr + e, mask=e_ok, other=0).to(tl.int64)
-    messages = msg_ptr + e[:, None] * (M * C) + c[None, :]
     for l in tl.static_range(LMAX + 1):
         r = _rotation_row(w_ptr, e, e_ok, kb, l, l, S)
-        back = r[:, :, None] * tl.load(messages + l * C, mask=mask, other=0.0)[:, None, :]
+        message = tl.load(_row(msg0, msg1, msg2, e, 0, l, LMAX, C) + c[None, :], mask=mask,
+                          other=0.0)
+        back = r[:, :, None] * message[:, None, :]
         for m in tl.static_range(1, MMAX + 1):
             if m <= l:
                 for sign in tl.static_range(2):
                     r = _rotation_row(w_ptr, e, e_ok, kb, l, l + m - 2 * m * sign, S)
-                    row = _plus_row(m, l, LMAX) + sign * (LMAX - m + 1)
-                    back += r[:, :, None] * tl.load(messages + row * C, mask=mask,
+                    row = _row(msg0, msg1, msg2, e, m, _signed_row(m, l, sign, LMAX), LMAX, C)
+                    back += r[:, :, None] * tl.load(row + c[None, :], mask=mask,
                                                     other=0.0)[:, None, :]
         tl.atomic_add(
             out_ptr + centre[:, None, None] * (K * C) + (l * l + kb)[None, :, None] * C
@@ -192,16 +211,15 @@ def _to_nodes_kernel(
 
 
 @triton.jit
-def _to_nodes_row_backward(msg_ptr, w_ptr, grad_msg_ptr, grad_w_ptr, grad, envelope, e, e_ok,
-                           kb, c, mask, row, l: tl.constexpr, a: tl.constexpr,
-                           M: tl.constexpr, S: tl.constexpr, C):
-    """Edge-frame ``row``'s message and rotation gradients (stored) and its share of the
-    envelope's (returned), from the centre's gradient ``grad`` in degree ``l``."""
+def _to_nodes_row_backward(message_row, grad_message_row, w_ptr, grad_w_ptr, grad, envelope, e,
+                           e_ok, kb, mask, l: tl.constexpr, a: tl.constexpr, S: tl.constexpr):
+    """An edge-frame row's message and rotation gradients (stored) and its share of the
+    envelope's (returned), from the centre's gradient ``grad`` in degree ``l``; the row is
+    block row ``a`` of its degree, ``message_row`` and ``grad_message_row`` point to it."""
     r = _rotation_row(w_ptr, e, e_ok, kb, l, a, S)
-    message = tl.load(msg_ptr + e[:, None] * (M * C) + row * C + c[None, :], mask=mask,
-                      other=0.0)
-    tl.store(grad_msg_ptr + e[:, None] * (M * C) + row * C + c[None, :],
-             tl.sum(r[:, :, None] * grad, axis=1) * envelope[:, None], mask=mask)
+    message = tl.load(message_row, mask=mask, other=0.0)
+    tl.store(grad_message_row, tl.sum(r[:, :, None] * grad, axis=1) * envelope[:, None],
+             mask=mask)
     products = tl.sum(message[:, None, :] * grad, axis=2)
     tl.store(grad_w_ptr + e[:, None] * S + _block_row(l, a) + kb[None, :],
              products * envelope[:, None], mask=e_ok[:, None] & (kb < 2 * l + 1)[None, :])
@@ -210,10 +228,10 @@ def _to_nodes_row_backward(msg_ptr, w_ptr, grad_msg_ptr, grad_w_ptr, grad, envel
 
 @triton.jit
 def _to_nodes_backward_kernel(
-    grad_ptr, msg_ptr, w_ptr, env_ptr, centre_ptr,
-    grad_msg_ptr, grad_w_ptr, grad_env_ptr,
+    grad_ptr, msg0, msg1, msg2, w_ptr, env_ptr, centre_ptr,
+    grad_msg0, grad_msg1, grad_msg2, grad_w_ptr, grad_env_ptr,
     E, C,
-    LMAX: tl.constexpr, MMAX: tl.constexpr, M: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
     KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -228,56 +246,61 @@ def _to_nodes_backward_kernel(
     for l in tl.static_range(LMAX + 1):
         grad, _, _ = _features(grad_ptr, centre, e_ok, kb, c, C, l, K)
         grad_envelope += _to_nodes_row_backward(
-            msg_ptr, w_ptr, grad_msg_ptr, grad_w_ptr, grad, envelope, e, e_ok, kb, c, mask, l,
-            l, l, M, S, C)
+            _row(msg0, msg1, msg2, e, 0, l, LMAX, C) + c[None, :],
+            _row(grad_msg0, grad_msg1, grad_msg2, e, 0, l, LMAX, C) + c[None, :],
+            w_ptr, grad_w_ptr, grad, envelope, e, e_ok, kb, mask, l, l, S)
         for m in tl.static_range(1, MMAX + 1):
             if m <= l:
                 for sign in tl.static_range(2):
+                    j = _signed_row(m, l, sign, LMAX)
                     grad_envelope += _to_nodes_row_backward(
-                        msg_ptr, w_ptr, grad_msg_ptr, grad_w_ptr, grad, envelope, e, e_ok, kb, c,
-                        mask, _plus_row(m, l, LMAX) + sign * (LMAX - m + 1), l,
-                        l + m - 2 * m * sign, M, S, C)
+                        _row(msg0, msg1, msg2, e, m, j, LMAX, C) + c[None, :],
+                        _row(grad_msg0, grad_msg1, grad_msg2, e, m, j, LMAX, C) + c[None, :],
+                        w_ptr, grad_w_ptr, grad, envelope, e, e_ok, kb, mask, l,
+                        l + m - 2 * m * sign, S)
     tl.store(grad_env_ptr + e, grad_envelope, mask=e_ok)
 
 
-def _layout(node_like: Tensor, wigner: Tensor, rows: int, mmax: int) -> dict:
+def _layout(node_like: Tensor, wigner: Tensor, mmax: int) -> dict:
     """Compile-time sizes and the tile for node features like ``node_like`` (N, K, C)."""
     k, channels = node_like.shape[1], node_like.shape[2]
     lmax = math.isqrt(k) - 1
     degree_block = triton.next_power_of_2(2 * lmax + 1)
     block_c = triton.next_power_of_2(channels)
     return dict(
-        LMAX=lmax, MMAX=mmax, M=rows, K=k, S=wigner.shape[1], KB=degree_block,
+        LMAX=lmax, MMAX=mmax, K=k, S=wigner.shape[1], KB=degree_block,
         BLOCK_E=max(1, TILE // (degree_block * block_c)), BLOCK_C=block_c, num_warps=WARPS,
     )
 
 
-def _rows(x: Tensor, mmax: int) -> int:
-    lmax = math.isqrt(x.shape[1]) - 1
-    return (lmax + 1) ** 2 - (lmax - mmax) * (lmax - mmax + 1)
+def _three(blocks: list[Tensor]) -> list[Tensor]:
+    """The blocks of orders 0, 1 and 2, the last repeated where mmax < 2 (never read)."""
+    return [*blocks, *blocks[-1:] * (MAX_ORDER + 1 - len(blocks))]
 
 
 def pairs(x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor,
-          mmax: int) -> Tensor:
+          mmax: int) -> list[Tensor]:
     """:func:`fastcalc.uma.edge_ops.edge_pairs`."""
     x, wigner, radial = x.contiguous(), wigner.contiguous(), radial.contiguous()
-    edges, channels, rows = wigner.shape[0], x.shape[2], _rows(x, mmax)
-    out = x.new_empty(edges, rows, 2 * channels)
+    edges, channels = wigner.shape[0], x.shape[2]
+    lmax = math.isqrt(x.shape[1]) - 1
+    out = [x.new_empty(edges, rows, 2 * channels) for rows in order_sizes(lmax, mmax)]
     if edges == 0:
         return out
-    layout = _layout(x, wigner, rows, mmax)
+    layout = _layout(x, wigner, mmax)
     layout["NR"] = radial.shape[1] // (2 * channels)
     with _device(x):
         _pairs_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
-            x, wigner, radial, torch.stack((neighbour, centre)), out, edges, channels, **layout
+            x, wigner, radial, torch.stack((neighbour, centre)), *_three(out), edges, channels,
+            **layout
         )
     return out
 
 
-def pairs_backward(grad: Tensor, x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor,
-                   centre: Tensor, mmax: int) -> tuple[Tensor, Tensor, Tensor]:
+def pairs_backward(grads: list[Tensor], x: Tensor, wigner: Tensor, radial: Tensor,
+                   neighbour: Tensor, centre: Tensor, mmax: int) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`fastcalc.uma.edge_ops.edge_pairs_backward`."""
-    grad, x = grad.contiguous(), x.contiguous()
+    grads, x = [g.contiguous() for g in grads], x.contiguous()
     wigner, radial = wigner.contiguous(), radial.contiguous()
     edges, channels = wigner.shape[0], x.shape[2]
     grad_x = torch.zeros_like(x)
@@ -286,48 +309,48 @@ def pairs_backward(grad: Tensor, x: Tensor, wigner: Tensor, radial: Tensor, neig
     grad_radial = torch.empty_like(radial)
     if edges == 0:
         return grad_x, grad_wigner.sum(dim=0), grad_radial
-    layout = _layout(x, wigner, grad.shape[1], mmax)
+    layout = _layout(x, wigner, mmax)
     layout["NR"] = radial.shape[1] // (2 * channels)
     with _device(x):
         _pairs_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
-            grad, x, wigner, radial, torch.stack((neighbour, centre)),
+            *_three(grads), x, wigner, radial, torch.stack((neighbour, centre)),
             grad_x, grad_wigner, grad_radial, edges, channels, **layout
         )
     return grad_x, grad_wigner.sum(dim=0), grad_radial
 
 
-def to_nodes(x: Tensor, messages: Tensor, wigner: Tensor, envelope: Tensor, centre: Tensor,
+def to_nodes(x: Tensor, messages: list[Tensor], wigner: Tensor, envelope: Tensor, centre: Tensor,
              mmax: int) -> Tensor:
     """:func:`fastcalc.uma.edge_ops.edge_to_nodes`."""
-    messages, wigner = messages.contiguous(), wigner.contiguous()
+    messages, wigner = [m.contiguous() for m in messages], wigner.contiguous()
     edges = wigner.shape[0]
     out = x.clone(memory_format=torch.contiguous_format)
     if edges == 0:
         return out
     with _device(x):
-        layout = _layout(x, wigner, messages.shape[1], mmax)
+        layout = _layout(x, wigner, mmax)
         _to_nodes_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
-            messages, wigner, envelope.contiguous(), centre.contiguous(), out,
-            edges, messages.shape[2], **layout
+            *_three(messages), wigner, envelope.contiguous(), centre.contiguous(), out,
+            edges, x.shape[2], **layout
         )
     return out
 
 
-def to_nodes_backward(grad: Tensor, messages: Tensor, wigner: Tensor, envelope: Tensor,
-                      centre: Tensor, mmax: int) -> tuple[Tensor, Tensor, Tensor]:
+def to_nodes_backward(grad: Tensor, messages: list[Tensor], wigner: Tensor, envelope: Tensor,
+                      centre: Tensor, mmax: int) -> list[Tensor]:
     """:func:`fastcalc.uma.edge_ops.edge_to_nodes_backward`."""
-    grad, messages = grad.contiguous(), messages.contiguous()
+    grad, messages = grad.contiguous(), [m.contiguous() for m in messages]
     wigner, envelope = wigner.contiguous(), envelope.contiguous()
     edges = wigner.shape[0]
-    grad_messages = torch.empty_like(messages)
+    grad_messages = [torch.empty_like(m) for m in messages]
     grad_wigner = torch.zeros_like(wigner)  # rows with |m| > mmax are never written
     grad_envelope = torch.empty_like(envelope)
-    if edges == 0:
-        return grad_messages, grad_wigner, grad_envelope
-    with _device(grad):
-        layout = _layout(grad, wigner, messages.shape[1], mmax)
-        _to_nodes_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
-            grad, messages, wigner, envelope, centre.contiguous(), grad_messages, grad_wigner,
-            grad_envelope, edges, messages.shape[2], **layout
-        )
-    return grad_messages, grad_wigner, grad_envelope
+    if edges > 0:
+        with _device(grad):
+            layout = _layout(grad, wigner, mmax)
+            _to_nodes_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
+                grad, *_three(messages), wigner, envelope, centre.contiguous(),
+                *_three(grad_messages), grad_wigner, grad_envelope, edges, grad.shape[2],
+                **layout
+            )
+    return [*grad_messages, grad_wigner, grad_envelope]

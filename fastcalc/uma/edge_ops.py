@@ -8,6 +8,13 @@ every layer for the backward pass; these operators keep only what they were give
 (node features, rotations, radial outputs, messages) and gather and rotate again in
 their backward pass.
 
+Edge-frame features travel as one tensor per order m (:func:`order_sizes`): the
+``m = 0`` rows (E, lmax+1, C), then for each m > 0 the +m and -m rows (E, 2(lmax-m+1),
+C), as the SO(2) convolutions take and give them. Each block is the input or output
+of its own matrix product, so no operator here or in the backward pass concatenates
+the blocks into one (E, M, C) tensor or splits one: on the H200 at 1008 atoms such
+copies of every layer took more GPU time than the operators themselves.
+
 ``wigner`` (E, S) holds each edge's Wigner-D matrix compactly, its blocks by degree
 flattened one after the other (``[1, D_1.flatten(), ..., D_lmax.flatten()]``, S =
 sum of (2l+1)^2: 35 for lmax 2; see :func:`compact_rotations`): the entries outside
@@ -15,8 +22,9 @@ the blocks are zero and never stored, read or multiplied. The torch code here ex
 it to the dense (E, M, K) matrix whose rows are in the edge-frame (m-major) order
 (:func:`dense_rotations`); on CUDA the operators run the Triton kernels of
 :mod:`fastcalc.uma.edge_kernels` (plain float FMAs, never TF32), which read the blocks
-directly. Gradients in ``wigner`` come back in the same layout. Both are registered as torch custom operators, so
-``make_fx`` records them (forward and backward) and CUDA graphs replay them.
+directly. Gradients in ``wigner`` come back in the same layout. Both are registered as
+torch custom operators, so ``make_fx`` records them (forward and backward) and CUDA
+graphs replay them.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ __all__ = [
     "dense_rotations",
     "edge_pairs",
     "edge_to_nodes",
+    "order_sizes",
     "radial_rows",
     "rotation_index",
 ]
@@ -103,7 +112,40 @@ def radial_rows(lmax: int, mmax: int) -> list[int]:
     return rows
 
 
+def order_sizes(lmax: int, mmax: int) -> list[int]:
+    """Rows of each order's block of edge-frame features: lmax + 1 for m = 0, then, for
+    each m = 1..mmax, 2 (lmax - m + 1): its +m rows (degrees m..lmax), then its -m rows."""
+    return [lmax + 1] + [2 * (lmax - m + 1) for m in range(1, mmax + 1)]
+
+
+def _blocks(edge: Tensor, lmax: int, mmax: int) -> list[Tensor]:
+    """Each order's rows of edge-frame features ``edge`` (E, M, ...) as a tensor of its own."""
+    return [
+        block.clone(memory_format=torch.contiguous_format)
+        for block in edge.split(order_sizes(lmax, mmax), dim=1)
+    ]
+
+
+def _fill(grads: list[Tensor | None], shapes: list[torch.Size], like: Tensor) -> list[Tensor]:
+    """``grads`` of blocks of ``shapes``, with zeros (``like``'s kind) where a block
+    received none."""
+    return [like.new_zeros(shape) if g is None else g.contiguous() for g, shape in zip(grads, shapes)]
+
+
 # ---------------------------------------------------------------- edge pairs
+def _dense_pairs(
+    x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, mmax: int
+) -> Tensor:
+    """:func:`edge_pairs` as one (E, M, 2C) tensor, rows in the edge-frame order."""
+    rotation = dense_rotations(wigner, _degrees(x), mmax)
+    pairs = torch.cat(
+        (torch.bmm(rotation, x.index_select(0, neighbour)),
+         torch.bmm(rotation, x.index_select(0, centre))),
+        dim=2,
+    )
+    return pairs * _scales(radial, _rows(x, mmax), pairs.shape[2])
+
+
 @torch.library.custom_op("fastcalc::edge_pairs", mutates_args=())
 def edge_pairs(
     x: torch.Tensor,
@@ -112,17 +154,12 @@ def edge_pairs(
     neighbour: torch.Tensor,
     centre: torch.Tensor,
     mmax: int,
-) -> torch.Tensor:
-    """Scaled edge-frame pairs (E, M, 2C): ``[R_e x[neighbour_e], R_e x[centre_e]]``,
-    each component times its row (:func:`radial_rows`) of ``radial`` (E, rows * 2C), for
-    node features ``x`` (N, K, C) and compact rotations ``wigner`` (E, S)."""
-    rotation = dense_rotations(wigner, _degrees(x), mmax)
-    pairs = torch.cat(
-        (torch.bmm(rotation, x.index_select(0, neighbour)),
-         torch.bmm(rotation, x.index_select(0, centre))),
-        dim=2,
-    )
-    return pairs * _scales(radial, _rows(x, mmax), pairs.shape[2])
+) -> list[torch.Tensor]:
+    """Scaled edge-frame pairs by order (:func:`order_sizes`), each (E, rows, 2C):
+    ``[R_e x[neighbour_e], R_e x[centre_e]]``, each component times its row
+    (:func:`radial_rows`) of ``radial`` (E, rows * 2C), for node features ``x`` (N, K, C)
+    and compact rotations ``wigner`` (E, S)."""
+    return _blocks(_dense_pairs(x, wigner, radial, neighbour, centre, mmax), _degrees(x), mmax)
 
 
 def _rows(x: torch.Tensor, mmax: int) -> torch.Tensor:
@@ -137,13 +174,13 @@ def _scales(radial: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tenso
 @edge_pairs.register_fake
 def _(
     x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, mmax: int
-) -> Tensor:
-    return x.new_empty(wigner.shape[0], len(m_major_order(_degrees(x), mmax)), 2 * x.shape[2])
+) -> list[Tensor]:
+    sizes = order_sizes(_degrees(x), mmax)
+    return [x.new_empty(wigner.shape[0], rows, 2 * x.shape[2]) for rows in sizes]
 
 
-@torch.library.custom_op("fastcalc::edge_pairs_backward", mutates_args=())
-def edge_pairs_backward(
-    grad: torch.Tensor,
+def _torch_pairs_backward(
+    grads: list[torch.Tensor],
     x: torch.Tensor,
     wigner: torch.Tensor,
     radial: torch.Tensor,
@@ -151,7 +188,9 @@ def edge_pairs_backward(
     centre: torch.Tensor,
     mmax: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`edge_pairs` in ``x``, ``wigner`` and ``radial``."""
+    """Gradients of :func:`edge_pairs` in ``x``, ``wigner`` and ``radial``, from those
+    in its blocks, ``grads``."""
+    grad = torch.cat(grads, dim=1)
     channels = x.shape[2]
     rotation = dense_rotations(wigner, _degrees(x), mmax)
     gathered = (x.index_select(0, neighbour), x.index_select(0, centre))
@@ -169,18 +208,26 @@ def edge_pairs_backward(
     return grad_x, grad_wigner, grad_radial
 
 
+edge_pairs_backward = torch.library.custom_op(
+    "fastcalc::edge_pairs_backward", _torch_pairs_backward, mutates_args=()
+)
+
+
 @edge_pairs_backward.register_fake
-def _(grad: Tensor, x: Tensor, wigner: Tensor, radial: Tensor, *indices: Tensor | int) -> Grads:
+def _(grads: list[Tensor], x: Tensor, wigner: Tensor, radial: Tensor,
+      *indices: Tensor | int) -> Grads:
     return torch.empty_like(x), torch.empty_like(wigner), torch.empty_like(radial)
 
 
-def _pairs_setup(ctx: Context, inputs: tuple, output: torch.Tensor) -> None:
+def _pairs_setup(ctx: Context, inputs: tuple, output: list[Tensor]) -> None:
     *tensors, ctx.mmax = inputs
     ctx.save_for_backward(*tensors)
+    ctx.shapes = [block.shape for block in output]
 
 
-def _pairs_backward(ctx: Context, grad: torch.Tensor) -> tuple:
-    grads = edge_pairs_backward(grad.contiguous(), *ctx.saved_tensors, ctx.mmax)
+def _pairs_backward(ctx: Context, grads: list[Tensor | None]) -> tuple:
+    x = ctx.saved_tensors[0]
+    grads = edge_pairs_backward(_fill(grads, ctx.shapes, x), *ctx.saved_tensors, ctx.mmax)
     return (*grads, None, None, None)
 
 
@@ -188,75 +235,91 @@ edge_pairs.register_autograd(_pairs_backward, setup_context=_pairs_setup)
 
 
 # ---------------------------------------------------------------- edges to nodes
-@torch.library.custom_op("fastcalc::edge_to_nodes", mutates_args=())
-def edge_to_nodes(
+def _torch_to_nodes(
     x: torch.Tensor,
-    messages: torch.Tensor,
+    messages: list[torch.Tensor],
     wigner: torch.Tensor,
     envelope: torch.Tensor,
     centre: torch.Tensor,
     mmax: int,
 ) -> torch.Tensor:
-    """``x`` (N, K, C) plus, at each edge's centre atom, its edge-frame ``messages``
-    (E, M, C) rotated back (``R_e^T``, from the compact ``wigner``) and times
-    ``envelope`` (E,)."""
+    """``x`` (N, K, C) plus, at each edge's centre atom, its edge-frame ``messages`` (by
+    order, :func:`order_sizes`, each (E, rows, C)) rotated back (``R_e^T``, from the
+    compact ``wigner``) and times ``envelope`` (E,)."""
     rotation = dense_rotations(wigner, _degrees(x), mmax)
-    back = torch.bmm(rotation.mT, messages) * envelope.view(-1, 1, 1)
+    back = torch.bmm(rotation.mT, torch.cat(messages, dim=1)) * envelope.view(-1, 1, 1)
     return x.index_add(0, centre, back)
 
 
+edge_to_nodes = torch.library.custom_op("fastcalc::edge_to_nodes", _torch_to_nodes, mutates_args=())
+
+
 @edge_to_nodes.register_fake
-def _(x: Tensor, messages: Tensor, wigner: Tensor, envelope: Tensor, centre: Tensor,
+def _(x: Tensor, messages: list[Tensor], wigner: Tensor, envelope: Tensor, centre: Tensor,
       mmax: int) -> Tensor:
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("fastcalc::edge_to_nodes_backward", mutates_args=())
-def edge_to_nodes_backward(
+def _torch_to_nodes_backward(
     grad: torch.Tensor,
-    messages: torch.Tensor,
+    messages: list[torch.Tensor],
     wigner: torch.Tensor,
     envelope: torch.Tensor,
     centre: torch.Tensor,
     mmax: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`edge_to_nodes` in ``messages``, ``wigner`` and ``envelope``
-    (in ``x`` it is ``grad`` itself)."""
+) -> list[torch.Tensor]:
+    """Gradients of :func:`edge_to_nodes` in each block of ``messages``, then in
+    ``wigner`` and in ``envelope`` (in ``x`` it is ``grad`` itself)."""
     lmax = _degrees(grad)
     rotation = dense_rotations(wigner, lmax, mmax)
     at_centre = grad.index_select(0, centre)  # (E, K, C)
-    products = torch.bmm(messages, at_centre.mT)  # (E, M, K): sum_c m_ic g_kc
+    products = torch.bmm(torch.cat(messages, dim=1), at_centre.mT)  # (E, M, K): sum_c m_ic g_kc
     scale = envelope.view(-1, 1, 1)
     grad_envelope = (products * rotation).sum(dim=(1, 2))
     grad_wigner = _compact_gradient(products * scale, lmax, mmax, wigner.shape[1])
-    return torch.bmm(rotation, at_centre) * scale, grad_wigner, grad_envelope
+    grad_messages = _blocks(torch.bmm(rotation, at_centre) * scale, lmax, mmax)
+    return [*grad_messages, grad_wigner, grad_envelope]
+
+
+edge_to_nodes_backward = torch.library.custom_op(
+    "fastcalc::edge_to_nodes_backward", _torch_to_nodes_backward, mutates_args=()
+)
 
 
 @edge_to_nodes_backward.register_fake
 def _(
-    grad: Tensor, messages: Tensor, wigner: Tensor, envelope: Tensor, centre: Tensor, mmax: int
-) -> Grads:
-    return torch.empty_like(messages), torch.empty_like(wigner), torch.empty_like(envelope)
+    grad: Tensor, messages: list[Tensor], wigner: Tensor, envelope: Tensor, centre: Tensor,
+    mmax: int,
+) -> list[Tensor]:
+    return [*(torch.empty_like(m) for m in messages), torch.empty_like(wigner),
+            torch.empty_like(envelope)]
 
 
 def _nodes_setup(ctx: Context, inputs: tuple, output: torch.Tensor) -> None:
     _, messages, wigner, envelope, centre, ctx.mmax = inputs
-    ctx.save_for_backward(messages, wigner, envelope, centre)
+    ctx.save_for_backward(wigner, envelope, centre, *messages)
 
 
 def _nodes_backward(ctx: Context, grad: torch.Tensor) -> tuple:
-    grads = edge_to_nodes_backward(grad.contiguous(), *ctx.saved_tensors, ctx.mmax)
-    return (grad, *grads, None, None)
+    wigner, envelope, centre, *messages = ctx.saved_tensors
+    *grad_messages, grad_wigner, grad_envelope = edge_to_nodes_backward(
+        grad.contiguous(), messages, wigner, envelope, centre, ctx.mmax
+    )
+    return grad, grad_messages, grad_wigner, grad_envelope, None, None
 
 
 edge_to_nodes.register_autograd(_nodes_backward, setup_context=_nodes_setup)
 
 
 # ---------------------------------------------------------------- CUDA kernels
+# The kernels take at most three blocks (m <= 2, as in every UMA checkpoint); larger
+# mmax runs the torch code above, on the GPU.
 @edge_pairs.register_kernel("cuda")
-def _(*args: Tensor | int) -> Tensor:
+def _(*args: Tensor | int) -> list[Tensor]:
     from . import edge_kernels
 
+    if args[-1] > edge_kernels.MAX_ORDER:
+        return _blocks(_dense_pairs(*args), _degrees(args[0]), args[-1])
     return edge_kernels.pairs(*args)
 
 
@@ -264,6 +327,8 @@ def _(*args: Tensor | int) -> Tensor:
 def _(*args: Tensor | int) -> Grads:
     from . import edge_kernels
 
+    if args[-1] > edge_kernels.MAX_ORDER:
+        return _torch_pairs_backward(*args)
     return edge_kernels.pairs_backward(*args)
 
 
@@ -271,11 +336,15 @@ def _(*args: Tensor | int) -> Grads:
 def _(*args: Tensor | int) -> Tensor:
     from . import edge_kernels
 
+    if args[-1] > edge_kernels.MAX_ORDER:
+        return _torch_to_nodes(*args)
     return edge_kernels.to_nodes(*args)
 
 
 @edge_to_nodes_backward.register_kernel("cuda")
-def _(*args: Tensor | int) -> Grads:
+def _(*args: Tensor | int) -> list[Tensor]:
     from . import edge_kernels
 
+    if args[-1] > edge_kernels.MAX_ORDER:
+        return _torch_to_nodes_backward(*args)
     return edge_kernels.to_nodes_backward(*args)

@@ -1,8 +1,8 @@
 """Building blocks of the UMA (eSCN-MD) network, constructed from checkpoint weights.
 
 Node features have shape ``(atoms, (lmax+1)^2, channels)`` in degree-major
-order; edge features live in the rotated edge frame, in the m-major order of
-:func:`fastcalc.uma.so3.m_major_order`.  All modules hold frozen buffers, not
+order; edge features live in the rotated edge frame, one tensor per order m
+(:func:`fastcalc.uma.edge_ops.order_sizes`).  All modules hold frozen buffers, not
 parameters: inference only differentiates with respect to geometry.
 """
 
@@ -73,44 +73,23 @@ class DegreeLinear(nn.Module):
         return add_to_scalar(mixed, self.bias)
 
 
-def gate_runs(degrees: list[int]) -> list[tuple[int, int, int, int]]:
-    """Runs ``(start, stop, first gate, end gate)`` of components after the first whose
-    gates are one slice of the gate blocks (gate block ``l - 1`` for degree ``l``):
-    degrees rising by one (edge-frame order) or repeated (degree-major order)."""
-    runs = []
-    start = 1
-    while start < len(degrees):
-        stop = start + 1
-        step = degrees[stop] - degrees[start] if stop < len(degrees) else 0
-        step = step if step in (0, 1) else 0
-        while stop < len(degrees) and degrees[stop] - degrees[stop - 1] == step:
-            stop += 1
-        first = degrees[start] - 1
-        runs.append((start, stop, first, first + 1 if step == 0 else first + stop - start))
-        start = stop
-    return runs
-
-
 class Gate(nn.Module):
-    """SiLU on the first (l=0) component, sigmoid gates on the others.
+    """SiLU on the l=0 component of degree-major features, sigmoid gates on the others.
 
-    ``degrees`` lists the degree of every component (first must be 0); the
-    gate for a component of degree ``l`` is gate channel block ``l - 1``. Each run of
-    :func:`gate_runs` multiplies a slice of the gates, broadcast where degrees repeat,
-    so that no per-component copy of the gates is made (nor kept for the backward pass).
+    The gate of the components of degree ``l`` (rows ``l^2 .. (l+1)^2 - 1``) is gate
+    channel block ``l - 1``, broadcast over the degree's rows, so that no per-component
+    copy of the gates is made (nor kept for the backward pass).
     """
 
-    def __init__(self, degrees: list[int], channels: int) -> None:
+    def __init__(self, lmax: int, channels: int) -> None:
         super().__init__()
-        if degrees[0] != 0 or 0 in degrees[1:]:
-            raise ValueError("gate layout must have exactly one leading l=0 component")
+        self.lmax = lmax
         self.channels = channels
-        self.runs = gate_runs(degrees)
 
     def forward(self, gates: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``x`` gated: SiLU on its l=0 component, ``sigmoid(gates)`` times the others."""
-        gates = torch.sigmoid(gates).unflatten(1, (-1, self.channels))
-        gated = [x[:, start:stop] * gates[:, first:end] for start, stop, first, end in self.runs]
+        gates = torch.sigmoid(gates).unflatten(1, (self.lmax, self.channels))
+        gated = [x[:, l * l:(l + 1) ** 2] * gates[:, l - 1:l] for l in range(1, self.lmax + 1)]
         return torch.cat((F.silu(x[:, :1]), *gated), dim=1)
 
 
@@ -121,7 +100,7 @@ class SpectralFeedForward(nn.Module):
         super().__init__()
         self.gate_mlp = nn.Sequential(frozen_linear(weights, f"{prefix}scalar_mlp.0."), nn.SiLU())
         self.linear_in = DegreeLinear(weights, f"{prefix}so3_linear_1.", lmax)
-        self.gate = Gate(coefficient_degrees(lmax), hidden)
+        self.gate = Gate(lmax, hidden)
         self.linear_out = DegreeLinear(weights, f"{prefix}so3_linear_2.", lmax)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -184,7 +163,9 @@ class SO2Convolution(nn.Module):
 
     ``m = 0``: a real linear map of all ``l`` components (optionally producing
     ``extra`` leading gate channels).  ``m > 0``: a complex linear map of the
-    ``(+m, -m)`` pair. The first convolution of a layer takes inputs already scaled
+    ``(+m, -m)`` pair. Features come and go as one tensor per order
+    (:func:`fastcalc.uma.edge_ops.order_sizes`), each the input or output of one
+    matrix product. The first convolution of a layer takes inputs already scaled
     by its radial network (:func:`fastcalc.uma.edge_ops.radial_rows`).
     """
 
@@ -192,7 +173,6 @@ class SO2Convolution(nn.Module):
         self,
         weights: Weights,
         prefix: str,
-        lmax: int,
         mmax: int,
         out_channels: int,
         extra: int = 0,
@@ -200,7 +180,6 @@ class SO2Convolution(nn.Module):
         super().__init__()
         self.out_channels = out_channels
         self.extra = extra
-        self.block_sizes = [lmax + 1] + [2 * (lmax - m + 1) for m in range(1, mmax + 1)]
         self.m0 = mixed_linear(weights, f"{prefix}fc_m0.")
         self.orders = nn.ModuleList(
             mixed_linear(weights, f"{prefix}so2_m_conv.{m - 1}.fc.", complex_pair=True)
@@ -211,16 +190,42 @@ class SO2Convolution(nn.Module):
         """Its linear maps (m = 0, then each m > 0): the ones whose experts get merged."""
         return [self.m0, *self.orders]
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` (E, M, C_in) -> (output (E, M, C_out), gate channels (E, extra))."""
-        blocks = x.split(self.block_sizes, dim=1)
+    def forward(self, blocks: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Blocks (E, rows, C_in) by order -> (blocks (E, rows, C_out), gate channels
+        (E, extra))."""
         gates, m0 = self.m0(blocks[0].flatten(1)).split(
             (self.extra, self.m0.weight.shape[0] - self.extra), dim=1
         )
         out = [m0.unflatten(1, (-1, self.out_channels))]
         for block, layer in zip(blocks[1:], self.orders):  # [+m components, -m components]
             out.append(layer(block.flatten(1)).unflatten(1, (-1, self.out_channels)))
-        return torch.cat(out, dim=1), gates
+        return out, gates
+
+
+class EdgeGate(nn.Module):
+    """:class:`Gate` for edge-frame features by order
+    (:func:`fastcalc.uma.edge_ops.order_sizes`).
+
+    Block m holds degrees ``m..lmax`` (m = 0: ``0..lmax``; m > 0: those of +m, then those
+    of -m), so each block meets one slice of the sigmoid gates, broadcast over the sign:
+    no gate is copied per component and no block is copied into another.
+    """
+
+    def __init__(self, lmax: int, channels: int) -> None:
+        super().__init__()
+        self.lmax = lmax
+        self.channels = channels
+
+    def forward(self, gates: torch.Tensor, blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """SiLU on the l = 0 row of block 0; ``sigmoid(gates)`` (E, lmax * C) block ``l - 1``
+        times each other row of degree l."""
+        gates = torch.sigmoid(gates).unflatten(1, (self.lmax, self.channels))
+        first = blocks[0]
+        out = [torch.cat((F.silu(first[:, :1]), first[:, 1:] * gates), dim=1)]
+        for m, block in enumerate(blocks[1:], start=1):
+            signs = block.unflatten(1, (2, -1)) * gates[:, None, m - 1:]
+            out.append(signs.flatten(1, 2))
+        return out
 
 
 class ChargeSpinEmbedding(nn.Module):

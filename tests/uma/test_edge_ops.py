@@ -4,6 +4,8 @@ against ASE's finite differences."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -19,6 +21,7 @@ from fastcalc.uma.edge_ops import (
     edge_pairs_backward,
     edge_to_nodes,
     edge_to_nodes_backward,
+    order_sizes,
     radial_rows,
 )
 from fastcalc.uma.so3 import m_major_order
@@ -50,12 +53,39 @@ def operands(lmax: int, mmax: int, channels: int, device: str = "cpu", dtype=tor
     )
 
 
+def blocks_of(o: dict, edge: torch.Tensor) -> list[torch.Tensor]:
+    """Edge-frame features (E, M, ...) split by order, as the operators take them."""
+    lmax = math.isqrt(o["x"].shape[1]) - 1
+    return list(edge.split(order_sizes(lmax, o["mmax"]), dim=1))
+
+
 def pairs_of(o: dict, x, rotation, radial):
-    return edge_pairs(x, rotation, radial, o["neighbour"], o["centre"], o["mmax"])
+    """:func:`edge_pairs`' blocks joined into one (E, M, 2C) tensor."""
+    blocks = edge_pairs(x, rotation, radial, o["neighbour"], o["centre"], o["mmax"])
+    return torch.cat(blocks, dim=1)
 
 
 def nodes_of(o: dict, x, messages, rotation, envelope):
-    return edge_to_nodes(x, messages, rotation, envelope, o["centre"], o["mmax"])
+    """:func:`edge_to_nodes` of ``messages`` (E, M, C) split by order."""
+    return edge_to_nodes(x, blocks_of(o, messages), rotation, envelope, o["centre"], o["mmax"])
+
+
+def test_order_blocks_partition_the_edge_frame_order():
+    """Block m holds the components of order m: m = 0 for every degree, then +m and -m."""
+    order, degree_major = m_major_order(3, 2), [(l, m) for l in range(4) for m in range(-l, l + 1)]
+    start = 0
+    for m, rows in enumerate(order_sizes(3, 2)):
+        orders = {abs(degree_major[k][1]) for k in order[start:start + rows]}
+        assert orders == {m}
+        start += rows
+    assert start == len(order)
+
+
+def test_edge_pairs_gives_each_order_its_own_contiguous_block():
+    o = operands(2, 2, 3)
+    blocks = edge_pairs(o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], 2)
+    assert [b.shape for b in blocks] == [(13, 3, 6), (13, 4, 6), (13, 2, 6)]
+    assert all(b.is_contiguous() for b in blocks)
 
 
 def test_radial_rows_follow_the_layout_of_the_radial_networks():
@@ -70,6 +100,15 @@ def test_edge_pairs_gradients_match_finite_differences(layout):
     o = operands(*layout)
     inputs = [o[name].requires_grad_() for name in ("x", "rotation", "radial")]
     assert torch.autograd.gradcheck(lambda *args: pairs_of(o, *args), inputs)
+
+
+def test_gradients_of_one_block_alone_match_finite_differences():
+    """The blocks a loss does not use count as zero gradient in the backward pass."""
+    o = operands(2, 2, 3)
+    inputs = [o[name].requires_grad_() for name in ("x", "rotation", "radial")]
+    assert torch.autograd.gradcheck(
+        lambda *args: edge_pairs(*args, o["neighbour"], o["centre"], o["mmax"])[1], inputs
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -118,13 +157,14 @@ def test_triton_kernels_match_the_torch_code(layout, dtype):
 
     def outputs(o):
         pairs = pairs_of(o, o["x"], o["rotation"], o["radial"])
-        grad_pairs = torch.ones_like(pairs).cumsum(2).sin()
+        grad_pairs = blocks_of(o, torch.ones_like(pairs).cumsum(2).sin())
         nodes = nodes_of(o, o["x"], o["messages"], o["rotation"], o["envelope"])
         backward = edge_pairs_backward(
             grad_pairs, o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], o["mmax"]
         )
         nodes_backward = edge_to_nodes_backward(
-            nodes.cos(), o["messages"], o["rotation"], o["envelope"], o["centre"], o["mmax"]
+            nodes.cos(), blocks_of(o, o["messages"]), o["rotation"], o["envelope"], o["centre"],
+            o["mmax"]
         )
         return [pairs, nodes, *backward, *nodes_backward]
 
