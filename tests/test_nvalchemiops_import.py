@@ -1,17 +1,22 @@
 """``import fastcalc`` loads nvalchemiops' neighbour list without the rest of
-``nvalchemiops.torch``, which still offers all it normally does; each case runs in a
-fresh interpreter, since this one has imported both packages already."""
+``nvalchemiops.torch`` and ``nvalchemiops.math``, which still offer all they normally do;
+each case runs in a fresh interpreter, since this one has imported the packages already."""
 
 import json
 import subprocess
 import sys
+import textwrap
+
+import pytest
+
+from fastcalc.nvalchemiops_import import _reexports
 
 _PUBLIC = """
 import json, sys
-import nvalchemiops.torch as package
+import {package} as package
 names = sorted(n for n in package.__all__ if getattr(package, n, None) is not None)
-print(json.dumps({"names": names, "loaded": sorted(m for m in sys.modules
-                  if m.startswith("nvalchemiops.torch"))}))
+print(json.dumps({{"names": names, "loaded": sorted(m for m in sys.modules
+                  if m.startswith("{package}"))}}))
 """
 
 
@@ -21,20 +26,51 @@ def _run(code: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_import_fastcalc_skips_nvalchemiops_optimisers():
+def test_import_fastcalc_skips_nvalchemiops_optimisers_and_math_kernels():
     loaded = _run("import json, sys, fastcalc\n"
                   "print(json.dumps(sorted(sys.modules)))")
     assert "nvalchemiops.torch.neighbors" in loaded
     assert not {"nvalchemiops.torch.fire2", "nvalchemiops.torch.lbfgs",
-                "nvalchemiops.dynamics"} & set(loaded)
+                "nvalchemiops.dynamics", "nvalchemiops.math.spline",
+                "nvalchemiops.math.gto"} & set(loaded)
 
 
-def test_nvalchemiops_torch_after_fastcalc_offers_what_a_plain_import_does():
-    plain = _run(_PUBLIC)
-    after = _run("import fastcalc\n" + _PUBLIC)
+@pytest.mark.parametrize(("package", "module", "name"), [
+    ("nvalchemiops.torch", "nvalchemiops.torch.fire2", "fire2_step_coord"),
+    ("nvalchemiops.math", "nvalchemiops.math.spline", "spline_spread"),
+])
+def test_a_deferred_package_offers_what_a_plain_import_does(package, module, name):
+    plain = _run(_PUBLIC.format(package=package))
+    after = _run("import fastcalc\n" + _PUBLIC.format(package=package))
     assert after["names"] == plain["names"]
-    assert "fire2_step_coord" in after["names"]
-    assert "nvalchemiops.torch.fire2" in after["loaded"]
+    assert name in after["names"]
+    assert module in after["loaded"]
+
+
+def test_a_name_the_init_imports_comes_from_its_module_alone():
+    """``from nvalchemiops.torch import fire2_step_coord`` after fastcalc imports the
+    FIRE2 module, not the L-BFGS one, and gives the same function as the module."""
+    code = ("import json, sys, fastcalc\n"
+            "from nvalchemiops.torch import fire2_step_coord\n"
+            "from nvalchemiops.torch.fire2 import fire2_step_coord as direct\n"
+            "print(json.dumps([fire2_step_coord is direct,\n"
+            "                  'nvalchemiops.torch.lbfgs' in sys.modules]))")
+    assert _run(code) == [True, False]
+
+
+def test_names_the_init_binds_more_than_once_are_not_taken_from_one_import(tmp_path):
+    init = tmp_path / "demo" / "__init__.py"
+    init.parent.mkdir()
+    init.write_text(textwrap.dedent("""
+        from demo.parts import once, twice
+        from .other import alias as renamed
+        twice = wrap(twice)
+        def defined(): pass
+        from demo.more import defined
+    """))
+    spec = type("Spec", (), {"origin": str(init), "name": "demo"})()
+    assert _reexports(spec) == {"once": ("demo.parts", "once"),
+                                "renamed": ("demo.other", "alias")}
 
 
 def test_fastcalc_uses_the_same_neighbor_list_whichever_package_came_first():
