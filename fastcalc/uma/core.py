@@ -49,7 +49,6 @@ from .radial import RadialNetworks
 from .so3 import (
     WignerFromSamples,
     edge_frame_rotation,
-    rotate_back_m0,
 )
 
 # option: (fairchem's default when the config omits it, values we implement)
@@ -98,8 +97,6 @@ class EdgeFrames:
         self.rotation = compact_rotations(blocks)
         self.mmax = mmax
         self.envelope = envelope
-        scale = envelope.view(-1, 1, 1)
-        self.back_blocks = [scale, *(block.transpose(1, 2) * scale for block in blocks[1:])]
 
     def messages(
         self,
@@ -121,10 +118,12 @@ class EdgeFrames:
         to the node frame, times the envelope, summed at each edge's centre atom."""
         return edge_to_nodes(x, messages, self.rotation, self.envelope, centre, self.mmax)
 
-    def m0_to_nodes(self, m0: torch.Tensor) -> torch.Tensor:
-        """Messages with only ``m = 0`` components (E, lmax+1, C), back in the node frame,
-        times the envelope."""
-        return rotate_back_m0(self.back_blocks, m0)
+    def add_m0_to_nodes(
+        self, x: torch.Tensor, centre: torch.Tensor, m0: torch.Tensor
+    ) -> torch.Tensor:
+        """``x`` plus messages with only ``m = 0`` components (E, lmax+1, C) rotated back to
+        the node frame, times the envelope, summed at each edge's centre atom."""
+        return edge_to_nodes(x, [m0], self.rotation, self.envelope, centre, 0)
 
 
 class _Block(nn.Module):
@@ -362,8 +361,7 @@ class UMACore(nn.Module):
         rest = scalar.new_zeros(atoms, (self.lmax + 1) ** 2 - 1, self.channels)
         x = torch.cat((scalar, rest), dim=1)
         radial = edge_degree.unflatten(1, (self.lmax + 1, self.channels))
-        degree = frames.m0_to_nodes(radial) / _EDGE_DEGREE_RESCALE
-        return x.index_add(0, centre, degree)
+        return frames.add_m0_to_nodes(x, centre, radial / _EDGE_DEGREE_RESCALE)
 
     # ---------------------------------------------------------------- outputs
     def energy_and_gradients(

@@ -159,19 +159,6 @@ def _degree_slice(degree: int) -> slice:
     return slice(degree * degree, (degree + 1) ** 2)
 
 
-def rotate_back_m0(inverse_blocks: list[torch.Tensor], m0: torch.Tensor) -> torch.Tensor:
-    """Block-diagonal map by ``inverse_blocks`` (say ``D^T``, one (E, 2l+1, 2l+1) block
-    per degree) of edge-frame features that are zero except for ``m = 0``.
-
-    ``m0`` (E, lmax+1, C) holds the ``m = 0`` component of each degree; the
-    result is degree-major (E, (lmax+1)^2, C): the ``m = 0`` column of each
-    block, scaled by that component.
-    """
-    return torch.cat(
-        [block[:, :, l, None] * m0[:, l, None] for l, block in enumerate(inverse_blocks)], dim=1
-    )
-
-
 def m_major_order(lmax: int, mmax: int) -> list[int]:
     """Indices (into degree-major coefficients) of the edge-frame layout.
 

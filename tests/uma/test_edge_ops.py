@@ -26,8 +26,9 @@ from fastcalc.uma.edge_ops import (
 )
 from fastcalc.uma.so3 import m_major_order
 
-# (lmax, mmax, channels): UMA-S's layout, and one whose m-major order drops components
-LAYOUTS = [(2, 2, 5), (3, 1, 4)]
+# (lmax, mmax, channels): UMA-S's layout, one whose m-major order drops components, and
+# the m = 0 rows alone (the edge-degree embedding's messages)
+LAYOUTS = [(2, 2, 5), (3, 1, 4), (2, 0, 3)]
 
 
 def operands(lmax: int, mmax: int, channels: int, device: str = "cpu", dtype=torch.float64):
@@ -145,7 +146,7 @@ def test_edge_to_nodes_adds_the_back_rotated_messages_to_the_centre_atoms():
 
 # ------------------------------------------------------------------ CUDA
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("layout", [(2, 2, 128), (3, 1, 4)])
+@pytest.mark.parametrize("layout", [(2, 2, 128), (3, 1, 4), (2, 0, 128)])
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_triton_kernels_match_the_torch_code(layout, dtype):
