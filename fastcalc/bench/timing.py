@@ -12,6 +12,7 @@ each time is reported next to the accuracy it was bought with.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -97,11 +98,17 @@ def timed_call(calc: Calculator, atoms: Atoms) -> float:
 
 
 def reference_forces(factory: Callable[[], Calculator], atoms: Atoms) -> np.ndarray:
-    """Forces on ``atoms`` from a calculator built for this one evaluation and dropped."""
+    """Forces on ``atoms`` from a calculator built for this one evaluation and freed.
+
+    Calculators can sit in reference cycles (fastcalc's do), which ``del`` leaves to
+    Python's cyclic collector: run at some later allocation, it would free the reference's
+    GPU memory during another calculator's warm-up and make that one's measured peak too
+    small (down to nothing). So the collector runs here."""
     calc = factory()
     calc.calculate(atoms, ["energy", "forces"], all_changes)
     forces = np.array(calc.results["forces"], dtype=np.float64)
     del calc
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return forces
@@ -145,6 +152,7 @@ def time_calculators(
     built: dict[str, Calculator] = {}
     warm: dict[str, tuple[float, float]] = {}
     for name, factory in calculators.items():
+        gc.collect()  # garbage freed during the warm-up would hide memory it allocates
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
