@@ -35,7 +35,10 @@ _DEFERRED = ("nvalchemiops.torch", "nvalchemiops.math")
 
 def _reexports(spec: ModuleSpec) -> dict[str, tuple[str, str]]:
     """Names that the package ``__init__`` of ``spec`` binds once at its top level, by
-    ``from MODULE import NAME [as ALIAS]``: ``{ALIAS: (MODULE, NAME)}``, MODULE absolute."""
+    ``from MODULE import NAME [as ALIAS]``: ``{ALIAS: (MODULE, NAME)}``, MODULE absolute
+    (none for a package without an ``__init__`` file to read)."""
+    if spec.origin is None or not Path(spec.origin).is_file():
+        return {}
     tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
     bound: Counter[str] = Counter()
     found: dict[str, tuple[str, str]] = {}

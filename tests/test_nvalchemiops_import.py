@@ -88,3 +88,8 @@ def test_threads_completing_the_package_at_once_all_get_their_names():
             "    got = list(pool.map(lambda name: getattr(package, name) is not None, names))\n"
             "print(json.dumps(all(got)))")
     assert _run(code) is True
+
+
+def test_a_package_without_an_init_file_has_no_names_to_take_from_one_import():
+    spec = type("Spec", (), {"origin": None, "name": "demo"})()
+    assert _reexports(spec) == {}
