@@ -209,6 +209,9 @@ class UMACore(nn.Module):
         self.register_buffer("system", torch.zeros(self.channels, dtype=torch.float64))
         self._build_head(checkpoint)
         self.to(dtype)
+        # fairchem divides the edge-degree embedding by a fixed 5: folded into its radial
+        # network in the model's dtype (so float64 stays exact to its round-off)
+        self.radial.scale_output(0, 1.0 / _EDGE_DEGREE_RESCALE)
         self._context: tuple | None = None
         self._reference_energy = torch.zeros((), dtype=torch.float64)
         self.set_task(task)
@@ -355,13 +358,14 @@ class UMACore(nn.Module):
         frames: EdgeFrames,
     ) -> torch.Tensor:
         """Element + system embedding on l=0, plus the edge-degree embedding (from the
-        output (E, (lmax+1) * channels) of its radial network)."""
+        output (E, (lmax+1) * channels) of its radial network, already divided by
+        ``_EDGE_DEGREE_RESCALE``)."""
         atoms = numbers.shape[0]
         scalar = (self.element_embedding[numbers] + self.system).unsqueeze(1)
         rest = scalar.new_zeros(atoms, (self.lmax + 1) ** 2 - 1, self.channels)
         x = torch.cat((scalar, rest), dim=1)
         radial = edge_degree.unflatten(1, (self.lmax + 1, self.channels))
-        return frames.add_m0_to_nodes(x, centre, radial / _EDGE_DEGREE_RESCALE)
+        return frames.add_m0_to_nodes(x, centre, radial)
 
     # ---------------------------------------------------------------- outputs
     def energy_and_gradients(

@@ -78,6 +78,17 @@ class RadialNetworks(nn.Module):
         self.register_buffer("target_table", torch.cat(targets, dim=1))
         self.tails = nn.ModuleList(radial_tail(weights, prefix) for prefix in prefixes)
 
+    @torch.no_grad()
+    def scale_output(self, network: int, factor: float) -> None:
+        """Multiply the output of network ``network`` by ``factor``, folded into its last
+        linear map once rather than applied to every call's (E, out) output."""
+        last = self.tails[network][-1]
+        if not isinstance(last, nn.Linear):
+            raise ValueError(f"radial network {network} does not end with a linear map")
+        last.weight.mul_(factor)
+        if last.bias is not None:
+            last.bias.mul_(factor)
+
     def forward(
         self, lengths: torch.Tensor, source: torch.Tensor, target: torch.Tensor
     ) -> list[torch.Tensor]:
