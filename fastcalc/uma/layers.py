@@ -115,6 +115,12 @@ class MixedLinear(nn.Module):
     ``experts`` has shape ``(K, out, in)`` (``K = 1`` for a plain linear).  With
     ``complex_pair`` the merged ``[W1; W2]`` is stored as the real block matrix
     ``[[W1, -W2], [W2, W1]]`` acting on ``[x_real, x_imag]`` (SO(2) order m > 0).
+
+    The experts are a plain attribute, not a buffer: moving the module to a GPU moves
+    only the merged weight, and each merge streams the experts from host memory (pinned
+    once the weight is on a GPU). Like fairchem's merged model, a GPU then holds no
+    expert weights (0.54 GiB for UMA-S-shaped models), and unlike it, a new composition
+    is merged again without reloading the checkpoint.
     """
 
     def __init__(
@@ -124,7 +130,7 @@ class MixedLinear(nn.Module):
         self.complex_pair = complex_pair
         out_features, in_features = experts.shape[1:]
         shape = (out_features, 2 * in_features) if complex_pair else (out_features, in_features)
-        self.register_buffer("experts", experts.clone())
+        self.experts = experts.detach().cpu()  # read only, never mutated: no copy
         self.register_buffer("weight", experts.new_zeros(shape))
         self.register_buffer("bias", None if bias is None else bias.clone())
         if experts.shape[0] == 1:
@@ -132,8 +138,12 @@ class MixedLinear(nn.Module):
 
     @torch.no_grad()
     def merge(self, coefficients: torch.Tensor) -> None:
-        """Overwrite the merged weight with ``sum_k coefficients[k] * experts[k]``."""
-        merged = torch.tensordot(coefficients.to(self.experts.dtype), self.experts, dims=1)
+        """Overwrite the merged weight with ``sum_k coefficients[k] * experts[k]``,
+        computed on the weight's device in its dtype."""
+        if self.weight.is_cuda and not self.experts.is_pinned():
+            self.experts = self.experts.pin_memory()  # asynchronous copies from now on
+        experts = self.experts.to(self.weight.device, self.weight.dtype, non_blocking=True)
+        merged = torch.tensordot(coefficients.to(self.weight), experts, dims=1)
         if not self.complex_pair:
             self.weight.copy_(merged)
             return

@@ -243,3 +243,18 @@ def test_edge_frame_maps_edges_to_y_with_finite_gradients():
     torch.testing.assert_close(torch.linalg.det(rotation), torch.ones(5, dtype=torch.float64))
     rotation.sum().backward()
     assert torch.isfinite(directions.grad).all()
+
+
+def test_experts_stay_off_the_module_state_and_merge_in_its_current_dtype(uma_checkpoints):
+    """``Module.to`` moves the merged weights only (on a GPU, no expert weight takes device
+    memory); a merge after a dtype change gives the weights of a core built in that dtype."""
+    checkpoint = load_checkpoint(uma_checkpoints["main"].path)
+    converted = UMACore(checkpoint, "omat", dtype=torch.float64).to(torch.float32)
+    direct = UMACore(checkpoint, "omat", dtype=torch.float32)
+    assert not [name for name in converted.state_dict() if "experts" in name]
+    numbers = torch.tensor([29, 29, 79])
+    for core in (converted, direct):
+        core.prepare(numbers)
+    merged = [dict(core.named_buffers()) for core in (converted, direct)]
+    for name, weight in merged[1].items():
+        assert merged[0][name].dtype == weight.dtype and torch.equal(merged[0][name], weight), name

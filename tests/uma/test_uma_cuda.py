@@ -96,6 +96,24 @@ def test_cuda_graphs_follow_a_composition_change(calculators):
         assert_close(results(graphs, structure), results(eager, structure))
 
 
+def test_experts_stay_in_host_memory_and_merge_as_on_the_cpu(uma_checkpoints):
+    """On a GPU only the merged weights take device memory (the experts stay pinned in
+    host memory); through a composition change, results equal the CPU's in float64."""
+    path = uma_checkpoints["main"].path
+    options = dict(task_name="omat", dtype="float64", compile_mode="eager", bucket_size=512)
+    gpu = BucketedCalculator(path, device="cuda", **options)
+    cpu = BucketedCalculator(path, device="cpu", **options)
+    atoms = copper((2, 2, 2), 5)
+    alloy = atoms.copy()
+    alloy.numbers[::3] = 79
+    for structure in (atoms, alloy):
+        for ours, expected in zip(results(gpu, structure), results(cpu, structure)):
+            np.testing.assert_allclose(ours, expected, rtol=1e-9, atol=1e-9)
+    layers = gpu.core.mixed_layers()
+    assert layers and all(not layer.experts.is_cuda and layer.experts.is_pinned() for layer in layers)
+    assert all(layer.weight.is_cuda for layer in layers)
+
+
 def force_error(forces, reference) -> float:
     """max |F - F_ref| / max |F_ref|."""
     return float(np.abs(forces - reference).max() / np.abs(reference).max())
