@@ -1,0 +1,55 @@
+"""Activation recomputation that survives ``make_fx`` tracing and ``torch.compile``.
+
+:func:`recomputed` applies a function whose backward pass needs several of its own
+intermediates (LayerNorm and SiLU chains, say) but keeps only its input: the backward
+pass runs the function again. In a traced graph the recomputation would be the same
+nodes as the forward pass's, which common-subexpression elimination merges back (and
+then everything is kept again); so it starts from a copy of the input made by an opaque
+operator that also reads the incoming gradient, which no pass can merge with the
+forward pass or move before the backward one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.autograd.function import FunctionCtx
+
+Function = Callable[[torch.Tensor], torch.Tensor]
+
+__all__ = ["recomputed"]
+
+
+@torch.library.custom_op("fastcalc::copy_after", mutates_args=())
+def _copy_after(x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``x``, computed only once ``after`` exists."""
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+@_copy_after.register_fake
+def _(x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+class _Recomputed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor, fn: Function) -> torch.Tensor:
+        ctx.fn = fn
+        ctx.save_for_backward(x)
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            again = _copy_after(x.detach(), grad).requires_grad_(True)
+            (grad_x,) = torch.autograd.grad(ctx.fn(again), again, grad)
+        return grad_x, None
+
+
+def recomputed(fn: Function, x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)``, differentiable in ``x``, keeping only ``x`` for the backward pass, which
+    evaluates ``fn`` again. ``fn`` must be deterministic and differentiable in its input
+    alone (frozen weights)."""
+    return _Recomputed.apply(x, fn)
