@@ -30,6 +30,8 @@ so a traced or compiled graph of them stays valid across re-merges;
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -50,6 +52,8 @@ from .so3 import (
     WignerFromSamples,
     edge_frame_rotation,
 )
+
+logger = logging.getLogger(__name__)
 
 # option: (fairchem's default when the config omits it, values we implement)
 _SUPPORTED = {
@@ -213,6 +217,7 @@ class UMACore(nn.Module):
         # network in the model's dtype (so float64 stays exact to its round-off)
         self.radial.scale_output(0, 1.0 / _EDGE_DEGREE_RESCALE)
         self._context: tuple | None = None
+        self._merges = 0
         self._reference_energy = torch.zeros((), dtype=torch.float64)
         self.set_task(task)
 
@@ -291,9 +296,24 @@ class UMACore(nn.Module):
         self.system.copy_(system)
         if self.router is not None:
             coefficients = self.router(numbers.to(self.system.device), system)
+            if self._merges == 1:
+                self._keep_experts_on_device()
             for layer in self.mixed_layers():
                 layer.merge(coefficients)
+            self._merges += 1
         self._context = key
+
+    def _keep_experts_on_device(self) -> None:
+        """A second system to merge for: systems change (a screening, not one MD run),
+        so the experts move to the model's device, where merges need no host copy."""
+        layers = self.mixed_layers()
+        device = self.system.device
+        if device.type != "cpu":
+            size = sum(layer.experts.nbytes for layer in layers) / 2**30
+            logger.info("UMA: a second system to merge the experts for; their %.2f GiB now "
+                        "stay on %s so that merges copy nothing from host memory", size, device)
+        for layer in layers:
+            layer.keep_experts_on_device()
 
     # ---------------------------------------------------------------- forward
     def forward(

@@ -120,7 +120,8 @@ class MixedLinear(nn.Module):
     only the merged weight, and each merge streams the experts from host memory (pinned
     once the weight is on a GPU). Like fairchem's merged model, a GPU then holds no
     expert weights (0.54 GiB for UMA-S-shaped models), and unlike it, a new composition
-    is merged again without reloading the checkpoint.
+    is merged again without reloading the checkpoint. :meth:`keep_experts_on_device`
+    trades that memory for merges without the copy.
     """
 
     def __init__(
@@ -136,11 +137,15 @@ class MixedLinear(nn.Module):
         if experts.shape[0] == 1:
             self.merge(experts.new_ones(1))
 
+    def keep_experts_on_device(self) -> None:
+        """Keep the experts where the merged weight is, so that later merges copy nothing."""
+        self.experts = self.experts.to(self.weight.device)
+
     @torch.no_grad()
     def merge(self, coefficients: torch.Tensor) -> None:
         """Overwrite the merged weight with ``sum_k coefficients[k] * experts[k]``,
         computed on the weight's device in its dtype."""
-        if self.weight.is_cuda and not self.experts.is_pinned():
+        if self.weight.is_cuda and not self.experts.is_cuda and not self.experts.is_pinned():
             self.experts = self.experts.pin_memory()  # asynchronous copies from now on
         experts = self.experts.to(self.weight.device, self.weight.dtype, non_blocking=True)
         merged = torch.tensordot(coefficients.to(self.weight), experts, dims=1)

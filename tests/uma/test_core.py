@@ -258,3 +258,20 @@ def test_experts_stay_off_the_module_state_and_merge_in_its_current_dtype(uma_ch
     merged = [dict(core.named_buffers()) for core in (converted, direct)]
     for name, weight in merged[1].items():
         assert merged[0][name].dtype == weight.dtype and torch.equal(merged[0][name], weight), name
+
+
+def test_experts_move_to_the_device_from_the_second_system_on(uma_checkpoints, monkeypatch):
+    """One system, however often prepared, keeps the experts in host memory (an MD run);
+    a second system moves them to the model's device once (a screening)."""
+    from fastcalc.uma.layers import MixedLinear
+
+    moved = []
+    monkeypatch.setattr(MixedLinear, "keep_experts_on_device", lambda layer: moved.append(layer))
+    core = UMACore(load_checkpoint(uma_checkpoints["main"].path), "omat")
+    copper, alloy = torch.tensor([29, 29, 29]), torch.tensor([29, 29, 79])
+    for numbers in (copper, copper, copper):
+        core.prepare(numbers)
+    assert moved == []
+    for numbers in (alloy, copper, alloy):
+        core.prepare(numbers)
+    assert core.mixed_layers() and sorted(map(id, moved)) == sorted(map(id, core.mixed_layers()))

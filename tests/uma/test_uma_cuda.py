@@ -96,9 +96,12 @@ def test_cuda_graphs_follow_a_composition_change(calculators):
         assert_close(results(graphs, structure), results(eager, structure))
 
 
-def test_experts_stay_in_host_memory_and_merge_as_on_the_cpu(uma_checkpoints):
-    """On a GPU only the merged weights take device memory (the experts stay pinned in
-    host memory); through a composition change, results equal the CPU's in float64."""
+def test_experts_stay_in_host_memory_until_a_second_system_and_merge_as_on_the_cpu(
+    uma_checkpoints,
+):
+    """On a GPU, one system's merge leaves the experts pinned in host memory (only merged
+    weights on the GPU); a second system moves them to the GPU for later merges. Through
+    both, results equal the CPU's in float64."""
     path = uma_checkpoints["main"].path
     options = dict(task_name="omat", dtype="float64", compile_mode="eager", bucket_size=512)
     gpu = BucketedCalculator(path, device="cuda", **options)
@@ -106,11 +109,12 @@ def test_experts_stay_in_host_memory_and_merge_as_on_the_cpu(uma_checkpoints):
     atoms = copper((2, 2, 2), 5)
     alloy = atoms.copy()
     alloy.numbers[::3] = 79
-    for structure in (atoms, alloy):
+    layers = gpu.core.mixed_layers()
+    for structure, on_gpu in ((atoms, False), (alloy, True), (atoms, True)):
         for ours, expected in zip(results(gpu, structure), results(cpu, structure)):
             np.testing.assert_allclose(ours, expected, rtol=1e-9, atol=1e-9)
-    layers = gpu.core.mixed_layers()
-    assert layers and all(not layer.experts.is_cuda and layer.experts.is_pinned() for layer in layers)
+        assert layers and all(layer.experts.is_cuda == on_gpu for layer in layers)
+        assert on_gpu or all(layer.experts.is_pinned() for layer in layers)
     assert all(layer.weight.is_cuda for layer in layers)
 
 
