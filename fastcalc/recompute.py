@@ -4,9 +4,10 @@
 intermediates (LayerNorm and SiLU chains, say) but keeps only its input: the backward
 pass runs the function again. In a traced graph the recomputation would be the same
 nodes as the forward pass's, which common-subexpression elimination merges back (and
-then everything is kept again); so it starts from a copy of the input made by an opaque
-operator that also reads the incoming gradient, which no pass can merge with the
-forward pass or move before the backward one.
+then everything is kept again); so it starts from the input plus a zero made by an
+opaque operator from the incoming gradient: no pass can merge that with the forward
+pass, fold the zero away or move it before the backward pass, and the addition fuses
+into the recomputation's first kernel (no copy of the input).
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ Function = Callable[[torch.Tensor], torch.Tensor]
 __all__ = ["recomputed"]
 
 
-@torch.library.custom_op("fastcalc::copy_after", mutates_args=())
-def _copy_after(x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of ``x``, computed only once ``after`` exists."""
-    return x.clone(memory_format=torch.contiguous_format)
+@torch.library.custom_op("fastcalc::zero_after", mutates_args=())
+def _zero_after(after: torch.Tensor) -> torch.Tensor:
+    """A zero scalar of ``after``'s dtype and device, computed only once ``after`` exists."""
+    return after.new_zeros(())
 
 
-@_copy_after.register_fake
-def _(x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+@_zero_after.register_fake
+def _(after: torch.Tensor) -> torch.Tensor:
+    return after.new_empty(())
 
 
 class _Recomputed(torch.autograd.Function):
@@ -43,7 +44,7 @@ class _Recomputed(torch.autograd.Function):
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
         with torch.enable_grad():
-            again = _copy_after(x.detach(), grad).requires_grad_(True)
+            again = (x.detach() + _zero_after(grad)).requires_grad_(True)
             (grad_x,) = torch.autograd.grad(ctx.fn(again), again, grad)
         return grad_x, None
 
