@@ -303,6 +303,11 @@ class UMACore(nn.Module):
             self._merges += 1
         self._context = key
 
+    def pin_experts(self) -> None:
+        """Page-lock the experts kept in host memory (see :class:`MixedLinear`)."""
+        for layer in self.mixed_layers():
+            layer.pin_experts()
+
     def _keep_experts_on_device(self) -> None:
         """A second system to merge for: systems change (a screening, not one MD run),
         so the experts move to the model's device, where merges need no host copy."""

@@ -8,6 +8,7 @@ parameters: inference only differentiates with respect to geometry.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -137,6 +138,21 @@ class MixedLinear(nn.Module):
         if experts.shape[0] == 1:
             self.merge(experts.new_ones(1))
 
+    def __deepcopy__(self, memo: dict) -> MixedLinear:
+        """A copy with a merged weight of its own; the experts, never written, are shared
+        (ten copies for NEB images hold one set of host experts, not ten)."""
+        memo[id(self.experts)] = self.experts
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return clone
+
+    def pin_experts(self) -> None:
+        """Page-lock experts kept in host memory, so that merges copy them to a GPU
+        asynchronously (the calculator does it once, before any copy of it is made)."""
+        if not self.experts.is_cuda and not self.experts.is_pinned():
+            self.experts = self.experts.pin_memory()
+
     def keep_experts_on_device(self) -> None:
         """Keep the experts where the merged weight is, so that later merges copy nothing."""
         self.experts = self.experts.to(self.weight.device)
@@ -145,8 +161,8 @@ class MixedLinear(nn.Module):
     def merge(self, coefficients: torch.Tensor) -> None:
         """Overwrite the merged weight with ``sum_k coefficients[k] * experts[k]``,
         computed on the weight's device in its dtype."""
-        if self.weight.is_cuda and not self.experts.is_cuda and not self.experts.is_pinned():
-            self.experts = self.experts.pin_memory()  # asynchronous copies from now on
+        if self.weight.is_cuda:
+            self.pin_experts()
         experts = self.experts.to(self.weight.device, self.weight.dtype, non_blocking=True)
         merged = torch.tensordot(coefficients.to(self.weight), experts, dims=1)
         if not self.complex_pair:

@@ -173,6 +173,8 @@ def test_a_copy_gives_identical_results_and_merges_its_own_experts(how, uma_chec
     other = copy.deepcopy(calc) if how == "deepcopy" else pickle.loads(pickle.dumps(calc))
     merged = [c.core.blocks[0].conv_1.m0.weight for c in (calc, other)]
     assert merged[0].data_ptr() != merged[1].data_ptr()
+    experts = [c.core.blocks[0].conv_1.m0.experts for c in (calc, other)]
+    assert (experts[0] is experts[1]) == (how == "deepcopy")  # never written: a copy shares them
     before = merged[0].clone()
     for name, value in properties(other, alloy).items():
         assert np.array_equal(value, expected[name]), name
