@@ -194,12 +194,12 @@ class BucketedCalculator(TorchCalculator):
         self.reset()
 
     def memory_estimate(self, atoms: int, neighbors: float) -> float:
-        """Bytes of one call: per edge, six node-feature-sized rows ((lmax+1)² x channels)
+        """Bytes of one call: per edge, five node-feature-sized rows ((lmax+1)² x channels)
         per layer, a little above what the UMA-S-shaped model used when compiled on the H200
-        (7.0 GiB for 1008 Cu atoms, 78 neighbours each, float32, 2026-12-02; the estimate
-        says 8.1). Edges per atom are capped at the checkpoint's ``max_neighbors``."""
+        (5.8 GiB for 1008 Cu atoms, 78 neighbours each, float32 and TF32, 2026-12-04; the
+        estimate says 6.8). Edges per atom are capped at the checkpoint's ``max_neighbors``."""
         core = self.core
-        per_edge = 6 * len(core.blocks) * (core.lmax + 1) ** 2 * core.channels
+        per_edge = 5 * len(core.blocks) * (core.lmax + 1) ** 2 * core.channels
         edges = atoms * min(neighbors, core.max_neighbors)
         return edges * per_edge * self.dtype.itemsize
 
