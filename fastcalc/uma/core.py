@@ -217,7 +217,7 @@ class UMACore(nn.Module):
         # network in the model's dtype (so float64 stays exact to its round-off)
         self.radial.scale_output(0, 1.0 / _EDGE_DEGREE_RESCALE)
         self._context: tuple | None = None
-        self._merges = 0
+        self._merged: torch.Tensor | None = None  # the expert coefficients last merged
         self._reference_energy = torch.zeros((), dtype=torch.float64)
         self.set_task(task)
 
@@ -296,11 +296,12 @@ class UMACore(nn.Module):
         self.system.copy_(system)
         if self.router is not None:
             coefficients = self.router(numbers.to(self.system.device), system)
-            if self._merges == 1:
-                self._keep_experts_on_device()
-            for layer in self.mixed_layers():
-                layer.merge(coefficients)
-            self._merges += 1
+            if self._merged is None or not torch.equal(coefficients, self._merged):
+                if self._merged is not None:
+                    self._keep_experts_on_device()
+                for layer in self.mixed_layers():
+                    layer.merge(coefficients)
+                self._merged = coefficients
         self._context = key
 
     def pin_experts(self) -> None:
@@ -309,12 +310,14 @@ class UMACore(nn.Module):
             layer.pin_experts()
 
     def _keep_experts_on_device(self) -> None:
-        """A second system to merge for: systems change (a screening, not one MD run),
-        so the experts move to the model's device, where merges need no host copy."""
+        """A second system whose expert coefficients differ from the first's (a screening,
+        not one MD run, nor one composition at two sizes): the experts move to the model's
+        device, where merges need no host copy."""
         layers = self.mixed_layers()
         device = self.system.device
-        if device.type != "cpu":
-            size = sum(layer.experts.nbytes for layer in layers) / 2**30
+        moving = [layer for layer in layers if layer.experts.device != device]
+        if moving:
+            size = sum(layer.experts.nbytes for layer in moving) / 2**30
             logger.info("UMA: a second system to merge the experts for; their %.2f GiB now "
                         "stay on %s so that merges copy nothing from host memory", size, device)
         for layer in layers:

@@ -260,18 +260,30 @@ def test_experts_stay_off_the_module_state_and_merge_in_its_current_dtype(uma_ch
         assert merged[0][name].dtype == weight.dtype and torch.equal(merged[0][name], weight), name
 
 
-def test_experts_move_to_the_device_from_the_second_system_on(uma_checkpoints, monkeypatch):
+def test_experts_move_to_the_device_from_the_second_merge_on(uma_checkpoints, monkeypatch):
     """One system, however often prepared, keeps the experts in host memory (an MD run);
-    a second system moves them to the model's device once (a screening)."""
+    a second system with other expert coefficients moves them to the model's device (a
+    screening); one whose coefficients are those already merged is not merged again."""
     from fastcalc.uma.layers import MixedLinear
 
-    moved = []
+    moved, merged = [], []
     monkeypatch.setattr(MixedLinear, "keep_experts_on_device", lambda layer: moved.append(layer))
-    core = UMACore(load_checkpoint(uma_checkpoints["main"].path), "omat")
+    merge = MixedLinear.merge
+    monkeypatch.setattr(MixedLinear, "merge", lambda layer, c: merged.append(layer) or merge(layer, c))
     copper, alloy = torch.tensor([29, 29, 29]), torch.tensor([29, 29, 79])
+    core = UMACore(load_checkpoint(uma_checkpoints["main"].path), "omat")  # composition-routed
+    layers = core.mixed_layers()
+    merged.clear()  # plain layers and the task head merge at construction
     for numbers in (copper, copper, copper):
         core.prepare(numbers)
-    assert moved == []
-    for numbers in (alloy, copper, alloy):
+    assert moved == [] and len(merged) == len(layers) > 0
+    for numbers in (alloy, copper):
         core.prepare(numbers)
-    assert core.mixed_layers() and sorted(map(id, moved)) == sorted(map(id, core.mixed_layers()))
+    assert set(map(id, moved)) == set(map(id, layers)) and len(merged) == 3 * len(layers)
+    # the variant routes by charge, spin and task only: a new composition, same coefficients
+    core = UMACore(load_checkpoint(uma_checkpoints["variant"].path), "omat")
+    moved.clear()
+    merged.clear()
+    for numbers in (copper, alloy, copper):
+        core.prepare(numbers)
+    assert moved == [] and len(merged) == len(core.mixed_layers()) > 0
