@@ -77,8 +77,12 @@ class ExpertRouter(nn.Module):
         """Expert coefficients (K,) from atomic ``numbers`` and the ``system`` embedding."""
         parts = [system]
         if self.composition is not None:
-            total = self.composition[numbers].sum(dim=0)
-            parts.insert(0, total / (numbers.numel() + int(self.zero_row_in_mean)))
+            # the mean embedding as a sum over species weighted by their fractions: equal
+            # compositions at any size give bitwise equal coefficients (a per-atom sum
+            # rounds differently with the atom count), so a merge is not redone for them
+            species, counts = torch.unique(numbers, return_counts=True)
+            fractions = counts.to(system.dtype) / (numbers.numel() + int(self.zero_row_in_mean))
+            parts.insert(0, fractions @ self.composition[species])
         logits = self.mlp(torch.cat(parts))
         if self.norm == "softmax":
             return torch.softmax(logits, dim=0) + 0.005

@@ -287,3 +287,17 @@ def test_experts_move_to_the_device_from_the_second_merge_on(uma_checkpoints, mo
     for numbers in (copper, alloy, copper):
         core.prepare(numbers)
     assert moved == [] and len(merged) == len(core.mixed_layers()) > 0
+
+
+def test_routing_depends_on_the_composition_not_the_size_to_the_bit(uma_checkpoints):
+    """Equal fractions at any atom count give identical float32 expert coefficients (for
+    routers without UMA-S-1.2's extra zero row; a per-atom sum rounds differently with the
+    count), so no merge is redone for them."""
+    from fastcalc.uma.experts import ExpertRouter
+
+    checkpoint = load_checkpoint(uma_checkpoints["main"].path)
+    router = ExpertRouter(checkpoint.weights, checkpoint.backbone, "UMA-S-1.2.1").float()
+    system = torch.randn(router.mlp[0].in_features - router.composition.shape[1])
+    for numbers in ([29], [29, 29, 79], [8, 1, 1, 26]):
+        small, large = torch.tensor(numbers), torch.tensor(numbers * 137)
+        assert torch.equal(router(small, system), router(large, system))
