@@ -17,6 +17,10 @@ the difference from the plain call.
 
     python benchmarks/aoti_first_result.py pet --device cuda --atoms 64 --folder /tmp/aoti
     python benchmarks/aoti_first_result.py uma --device cuda --atoms 108 --folder /tmp/aoti --small
+
+On the H200's torch 2.11 (CUDA 13 build) the loading process crashes with a segmentation
+fault, as torch's own ``torch._inductor.aoti_load_package`` does there on the package of a
+single ``nn.Linear`` (CUDA or CPU, 2026-12-04); on torch 2.13 (CPU) it runs.
 """
 
 from __future__ import annotations
