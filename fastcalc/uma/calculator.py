@@ -148,8 +148,6 @@ class BucketedCalculator(TorchCalculator):
         )
         self.compile_mode = resolve_compile_mode(compile_mode, self.device)
         self.core = core.to(device=self.device, dtype=self.dtype).requires_grad_(False)
-        if self.device.type == "cuda":  # before any copy is made: copies share them
-            self.core.pin_experts()
         self.core.set_task(task_name)
         self.bucket_size = bucket_size
         self._runner = self.graph_runner(self.core.energy_and_gradients, self.compile_mode)

@@ -278,8 +278,12 @@ class UMACore(nn.Module):
         """Condition the model on (task, charge, spin, composition); cheap if unchanged.
 
         Recomputes the system embedding and re-merges the experts in place only
-        when one of those changed since the last call. ``numbers`` may be on any
-        device; on the CPU, an unchanged system costs no device transfer.
+        when one of those changed since the last call and the expert coefficients with
+        it. ``numbers`` may be on any device; on the CPU, an unchanged system costs no
+        device transfer. The experts wait in host memory until a second set of
+        coefficients is merged; from then on they stay on the model's device (two host
+        copies at most: one MD run holds no experts on its GPU, a screening copies none
+        per structure).
         """
         species, counts = torch.unique(numbers.detach().cpu(), return_counts=True)
         composition = (tuple(species.tolist()), tuple(counts.tolist()))
@@ -303,11 +307,6 @@ class UMACore(nn.Module):
                     layer.merge(coefficients)
                 self._merged = coefficients
         self._context = key
-
-    def pin_experts(self) -> None:
-        """Page-lock the experts kept in host memory (see :class:`MixedLinear`)."""
-        for layer in self.mixed_layers():
-            layer.pin_experts()
 
     def _keep_experts_on_device(self) -> None:
         """A second system whose expert coefficients differ from the first's (a screening,

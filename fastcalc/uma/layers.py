@@ -118,8 +118,9 @@ class MixedLinear(nn.Module):
     ``[[W1, -W2], [W2, W1]]`` acting on ``[x_real, x_imag]`` (SO(2) order m > 0).
 
     The experts are a plain attribute, not a buffer: moving the module to a GPU moves
-    only the merged weight, and each merge streams the experts from host memory (pinned
-    once the weight is on a GPU). Like fairchem's merged model, a GPU then holds no
+    only the merged weight, and a merge copies the experts from host memory (not pinned:
+    there are at most two such copies, see ``UMACore.prepare``, cheaper than pinning
+    them). Like fairchem's merged model, a GPU then holds no
     expert weights (0.54 GiB for UMA-S-shaped models), and unlike it, a new composition
     is merged again without reloading the checkpoint. :meth:`keep_experts_on_device`
     trades that memory for merges without the copy.
@@ -147,12 +148,6 @@ class MixedLinear(nn.Module):
         clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return clone
 
-    def pin_experts(self) -> None:
-        """Page-lock experts kept in host memory, so that merges copy them to a GPU
-        asynchronously (the calculator does it once, before any copy of it is made)."""
-        if not self.experts.is_cuda and not self.experts.is_pinned():
-            self.experts = self.experts.pin_memory()
-
     def keep_experts_on_device(self) -> None:
         """Keep the experts where the merged weight is, so that later merges copy nothing."""
         self.experts = self.experts.to(self.weight.device)
@@ -161,9 +156,7 @@ class MixedLinear(nn.Module):
     def merge(self, coefficients: torch.Tensor) -> None:
         """Overwrite the merged weight with ``sum_k coefficients[k] * experts[k]``,
         computed on the weight's device in its dtype."""
-        if self.weight.is_cuda:
-            self.pin_experts()
-        experts = self.experts.to(self.weight.device, self.weight.dtype, non_blocking=True)
+        experts = self.experts.to(self.weight.device, self.weight.dtype)
         merged = torch.tensordot(coefficients.to(self.weight), experts, dims=1)
         if not self.complex_pair:
             self.weight.copy_(merged)
