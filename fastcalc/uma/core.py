@@ -299,7 +299,7 @@ class UMACore(nn.Module):
         system = self.system_embedding(int(charge), int(spin), self._task.name)
         self.system.copy_(system)
         if self.router is not None:
-            coefficients = self.router(numbers.to(self.system.device), system)
+            coefficients = self.router(species, counts, system)
             if self._merged is None or not torch.equal(coefficients, self._merged):
                 if self._merged is not None:
                     self._keep_experts_on_device()

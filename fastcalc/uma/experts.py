@@ -73,16 +73,19 @@ class ExpertRouter(nn.Module):
         if self.norm not in ("softmax", "pnorm"):
             raise NotImplementedError(f"expert coefficient norm {self.norm!r} is not supported")
 
-    def forward(self, numbers: torch.Tensor, system: torch.Tensor) -> torch.Tensor:
-        """Expert coefficients (K,) from atomic ``numbers`` and the ``system`` embedding."""
+    def forward(
+        self, species: torch.Tensor, counts: torch.Tensor, system: torch.Tensor
+    ) -> torch.Tensor:
+        """Expert coefficients (K,) of a system of ``counts`` atoms of each element of
+        ``species`` (as ``torch.unique`` gives them) and the ``system`` embedding."""
         parts = [system]
         if self.composition is not None:
             # the mean embedding as a sum over species weighted by their fractions: equal
             # compositions at any size give bitwise equal coefficients (a per-atom sum
             # rounds differently with the atom count), so a merge is not redone for them
-            species, counts = torch.unique(numbers, return_counts=True)
-            fractions = counts.to(system.dtype) / (numbers.numel() + int(self.zero_row_in_mean))
-            parts.insert(0, fractions @ self.composition[species])
+            atoms = int(counts.sum()) + int(self.zero_row_in_mean)
+            fractions = counts.to(system) / atoms
+            parts.insert(0, fractions @ self.composition[species.to(system.device)])
         logits = self.mlp(torch.cat(parts))
         if self.norm == "softmax":
             return torch.softmax(logits, dim=0) + 0.005
