@@ -84,6 +84,8 @@ class RadialNetworks(nn.Module):
         self.register_buffer("source_table", torch.cat(sources, dim=1))  # (elements, ...)
         self.register_buffer("target_table", torch.cat(targets, dim=1))
         self.tails = nn.ModuleList(radial_tail(weights, prefix) for prefix in prefixes)
+        # each tail up to its last linear map (the same modules, not registered twice)
+        self._bodies = [tail[:-1] for tail in self.tails]
 
     @torch.no_grad()
     def scale_output(self, network: int, factor: float) -> None:
@@ -108,4 +110,7 @@ class RadialNetworks(nn.Module):
             + self.target_table[target]
         )
         parts = hidden.split(self.hidden_sizes, dim=1)
-        return [tail[-1](recomputed(tail[:-1], part)) for tail, part in zip(self.tails, parts)]
+        return [
+            tail[-1](recomputed(body, part))
+            for tail, body, part in zip(self.tails, self._bodies, parts)
+        ]
