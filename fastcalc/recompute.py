@@ -44,7 +44,9 @@ class _Recomputed(torch.autograd.Function):
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
         with torch.enable_grad():
-            again = (x.detach() + _zero_after(grad)).requires_grad_(True)
+            # ``again`` is no leaf: module hooks (torch's FlopCounterMode, say) may not
+            # be handed a leaf inside a backward pass
+            again = x.detach().requires_grad_(True) + _zero_after(grad)
             (grad_x,) = torch.autograd.grad(ctx.fn(again), again, grad)
         return grad_x, None
 

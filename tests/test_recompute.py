@@ -90,3 +90,17 @@ def test_the_recomputation_survives_common_subexpression_elimination():
         and "backward" not in str(node.target)
     ]
     assert len(norms) == 2
+
+
+def test_backward_runs_under_module_hooks_of_torch_s_flop_counter():
+    """FlopCounterMode hooks every module's inputs; the recomputation's backward pass must
+    not hand those hooks a leaf tensor (autograd refuses that inside a backward pass)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fn = body()
+    leaf = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    (expected,) = torch.autograd.grad(fn(2 * leaf).sum(), leaf)
+    with FlopCounterMode(fn, display=False) as counter:
+        (grad,) = torch.autograd.grad(recomputed(fn, 2 * leaf).sum(), leaf)
+    torch.testing.assert_close(grad, expected, rtol=1e-14, atol=1e-14)
+    assert counter.get_total_flops() > 0
