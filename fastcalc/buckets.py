@@ -79,7 +79,8 @@ def padded_size(count: int, step: int, fraction: int = ATOM_FRACTION) -> int:
 
 def pad_atoms(values: torch.Tensor, atoms: int) -> torch.Tensor:
     """Per-atom ``values`` (positions, ...) padded with zero rows to ``atoms`` rows."""
-    return torch.cat([values, values.new_zeros(atoms - len(values), *values.shape[1:])])
+    padding = (0, 0) * (values.ndim - 1) + (0, atoms - len(values))
+    return torch.nn.functional.pad(values, padding)
 
 
 def atom_mask(num_atoms: int, atoms: int, device: torch.device) -> torch.Tensor:
@@ -128,6 +129,7 @@ def pad_edges(
     cell: torch.Tensor,
     cutoff: float,
     bucket_size: int = 1024,
+    shift: torch.Tensor | None = None,
 ) -> PaddedEdges:
     """Pad ``(edge_index, unit_shifts)`` to ``padded_size(E, bucket_size, EDGE_FRACTION)``
     edges.
@@ -135,19 +137,16 @@ def pad_edges(
     ``cell`` is the cell the model will see (``(3, 3)``, or ``(B, 3, 3)`` for a
     batch, where padded edges use system 0); it must have no zero vector (see
     :func:`padding_cell`). The padded edges' shift is along the longest vector of
-    that cell, long enough to lie beyond ``cutoff``.
+    that cell, long enough to lie beyond ``cutoff``; a caller that pads many edge lists
+    of one cell may pass it as ``shift`` (:func:`padding_shift`). Few device operations:
+    this runs at every call.
     """
     n_edges = edge_index.shape[1]
-    n_pad = padded_size(n_edges, bucket_size, EDGE_FRACTION) - n_edges
-    device = edge_index.device
-    shift = padding_shift(cell[0] if cell.ndim == 3 else cell, cutoff)
+    total = padded_size(n_edges, bucket_size, EDGE_FRACTION)
+    if shift is None:
+        shift = padding_shift(cell[0] if cell.ndim == 3 else cell, cutoff)
     return PaddedEdges(
-        edge_index=torch.cat([edge_index, edge_index.new_zeros((2, n_pad))], dim=1),
-        unit_shifts=torch.cat([unit_shifts, shift.expand(n_pad, 3)], dim=0),
-        edge_mask=torch.cat(
-            [
-                torch.ones(n_edges, dtype=torch.bool, device=device),
-                torch.zeros(n_pad, dtype=torch.bool, device=device),
-            ]
-        ),
+        edge_index=torch.nn.functional.pad(edge_index, (0, total - n_edges)),
+        unit_shifts=torch.cat([unit_shifts, shift.expand(total - n_edges, 3)], dim=0),
+        edge_mask=torch.arange(total, device=edge_index.device) < n_edges,
     )

@@ -30,7 +30,7 @@ from ase.calculators.calculator import (
 from ase.data import chemical_symbols
 from ase.stress import full_3x3_to_voigt_6_stress
 
-from .buckets import PaddedEdges, pad_edges, padding_cell
+from .buckets import PaddedEdges, pad_edges, padding_cell, padding_shift
 from .geometry import energy_forces_stress
 from .compile_cache import CacheKey, CompileCache
 from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList, estimate_crowding
@@ -87,7 +87,11 @@ class System:
       slices its results per system without reading ``system_index`` back;
     - ``compute_stress``: whether the stress (1/V) dE/dε is defined, that is, the three
       cell vectors are linearly independent (any pbc); ``cell`` is then the user's, no
-      vector replaced, so V is its volume.
+      vector replaced, so V is its volume;
+    - ``padding_shift`` (3,) int64, the unit shift of padded edges for ``cell``
+      (:func:`fastcalc.buckets.padding_shift`), made on the host so that padding costs
+      the device nothing; None for a batch (:func:`fastcalc.buckets.pad_edges` then
+      makes it).
     """
 
     positions: torch.Tensor
@@ -105,6 +109,7 @@ class System:
     compute_stress: bool
     states: np.ndarray | None = None
     sizes: np.ndarray | None = None
+    padding_shift: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -614,8 +619,11 @@ class TorchCalculator(Calculator):
             edge_index, unit_shifts = search(positions, cell, pbc, host=geometry)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
+        model_cell = torch.tensor(atoms.cell.array, dtype=self.dtype)  # on the host
         if not atoms.cell.array.any(axis=1).all():  # a zero cell vector: no stress then
-            cell = padding_cell(cell, self.cutoff)  # else it would return the same cell
+            model_cell = padding_cell(model_cell, self.cutoff)
+            cell = model_cell.to(self.device)
+        shift = padding_shift(model_cell, self.cutoff).numpy()
         charge, spin = charge_and_spin(atoms.info, self.default_spin)
         system = System(
             positions=positions,
@@ -631,6 +639,7 @@ class TorchCalculator(Calculator):
             charge=charge,
             spin=spin,
             compute_stress=has_volume,
+            padding_shift=self._on_device("padding_shift", shift, torch.long),
         )
         with matmul_precision(self.precision):
             result = self.evaluate(system)
@@ -712,7 +721,8 @@ def to_host(*tensors: torch.Tensor | None) -> list[np.ndarray | None]:
     one transfer: the host waits for the device once, not once per tensor, and the
     copies share no memory with graphs or buffers that a later call reuses."""
     present = [t for t in tensors if t is not None]
-    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in present]).cpu().numpy()
+    # one concatenation on the device (in the tensors' common dtype), widened on the host
+    flat = torch.cat([t.detach().reshape(-1) for t in present]).cpu().numpy().astype(np.float64)
     parts = iter(np.split(flat, np.cumsum([t.numel() for t in present])[:-1]))
     return [None if t is None else next(parts).reshape(t.shape) for t in tensors]
 
@@ -740,7 +750,8 @@ class PotentialCalculator(TorchCalculator):
     def evaluate(self, system: System) -> Result:
         """``energy_fn`` and its autograd forces and stress on padded edges."""
         edges = pad_edges(
-            system.edge_index, system.unit_shifts, system.cell, self.cutoff, self.bucket_size
+            system.edge_index, system.unit_shifts, system.cell, self.cutoff, self.bucket_size,
+            system.padding_shift,
         )
         return Result.from_tensors(
             *energy_forces_stress(

@@ -388,6 +388,9 @@ class VerletNeighborList:
         self._searched: tuple[torch.Tensor, ...] | None = None
         self._host_searched: HostGeometry | None = None
         self._candidates: tuple[torch.Tensor, torch.Tensor] | None = None
+        # the candidates' cell offsets (shifts @ cell): fixed until the next search, since
+        # a new cell searches again
+        self._offsets: torch.Tensor | None = None
 
     def __call__(
         self,
@@ -402,9 +405,10 @@ class VerletNeighborList:
         edge_index, shifts = self.candidates(positions, cell, pbc, system_index, host)
         if self.skin == 0 and not self.drop_zero_length:
             return edge_index, shifts
-        return _within(
-            positions, cell, system_index, edge_index, shifts, self.cutoff, self.drop_zero_length
-        )
+        if self._offsets is None:
+            self._offsets = _offsets(cell.detach(), system_index, edge_index, shifts)
+        return _within(positions.detach(), edge_index, shifts, self._offsets, self.cutoff,
+                       self.drop_zero_length)
 
     def candidates(
         self,
@@ -436,6 +440,7 @@ class VerletNeighborList:
             )
             self.searches += 1
             self._candidates = (edge_index, shifts)
+            self._offsets = None
             index = None if system_index is None else system_index.clone()
             self._searched = (positions.clone(), cell.clone(), pbc.clone(), index)
             self._host_searched = None if host is None else host.copy()
@@ -473,23 +478,31 @@ class VerletNeighborList:
         return bool(stale)
 
 
-def _within(
-    positions: torch.Tensor,
+def _offsets(
     cell: torch.Tensor,
     system_index: torch.Tensor | None,
     edge_index: torch.Tensor,
     shifts: torch.Tensor,
+) -> torch.Tensor:
+    """Each edge's cell offset ``shifts @ cell`` (per system's cell for a batch)."""
+    if cell.ndim == 3:
+        return torch.einsum("ea,eab->eb", shifts.to(cell.dtype), cell[system_index[edge_index[0]]])
+    return shifts.to(cell.dtype) @ cell
+
+
+def _within(
+    positions: torch.Tensor,
+    edge_index: torch.Tensor,
+    shifts: torch.Tensor,
+    offsets: torch.Tensor,
     cutoff: float,
     drop_zero_length: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The candidate edges that are shorter than ``cutoff`` now (and, with
-    ``drop_zero_length``, longer than zero)."""
-    i, j = edge_index
-    if cell.ndim == 3:
-        offsets = torch.einsum("ea,eab->eb", shifts.to(cell.dtype), cell[system_index[i]])
-    else:
-        offsets = shifts.to(cell.dtype) @ cell
-    lengths = (positions[j] - positions[i] + offsets).norm(dim=1)
+    ``drop_zero_length``, longer than zero), in few device operations: this runs at
+    every call."""
+    ends = positions.index_select(0, edge_index.reshape(-1)).view(2, -1, 3)
+    lengths = torch.linalg.vector_norm(ends[1] - ends[0] + offsets, dim=1)
     within = lengths < cutoff
     if drop_zero_length:
         within &= lengths > 0

@@ -3,6 +3,7 @@ conformance checks (bad input, awkward structures, finite differences, agreement
 ASE) run in test_check_calculator.py."""
 
 import numpy as np
+import torch
 import pytest
 from ase import Atoms, units
 from ase.build import bulk, fcc111, molecule
@@ -15,6 +16,7 @@ from pair_potential import CUTOFF, ase_morse, morse_calculator, morse_energy
 from fastcalc import InvalidAtomsError, PotentialCalculator
 from fastcalc.calculator import atom_chunks, even_chunks
 from fastcalc.calculator import charge_and_spin
+from fastcalc.buckets import padding_shift
 
 
 def reference(atoms: Atoms) -> Atoms:
@@ -255,3 +257,19 @@ def test_even_chunks_keep_atom_chunks_runs_where_an_even_spread_breaks_the_budge
     costs = [1.0, 1.0, 1.0, 3.0]
     runs = even_chunks(list(range(4)), lambda _: 1, 100, costs.__getitem__, budget=3.0)
     assert runs == [[0, 1, 2], [3]]
+
+
+@pytest.mark.parametrize("make", [crystal, slab, lambda: molecule("CH3CH2OH")],
+                         ids=["bulk", "slab", "molecule, zero cell"])
+def test_the_padding_shift_made_on_the_host_is_that_of_the_model_s_cell(make):
+    """The System's padding shift (made on the host, copied once) equals the one
+    pad_edges makes on the device from the cell the model sees (zero vectors replaced)."""
+    calc = morse_calculator()
+    systems = []
+    evaluate = calc.evaluate
+    calc.evaluate = lambda system: systems.append(system) or evaluate(system)
+    atoms = make()
+    atoms.calc = calc
+    atoms.get_forces()
+    (system,) = systems
+    assert torch.equal(system.padding_shift, padding_shift(system.cell, CUTOFF))

@@ -302,7 +302,9 @@ class BucketedCalculator(TorchCalculator):
         n = len(numbers)
         atoms = padded_size(n, ATOM_STEP)
         padded_numbers, mask = self._padded_numbers(numbers, atoms)
-        edges = pad_edges(edge_index, unit_shifts, cell, self.cutoff, self.bucket_size)
+        edges = pad_edges(
+            edge_index, unit_shifts, cell, self.cutoff, self.bucket_size, system.padding_shift
+        )
         energy, forces, stress, energies = self._runner(
             pad_atoms(positions, atoms), cell, padded_numbers, edges.edge_index,
             edges.unit_shifts, edges.edge_mask, mask,
