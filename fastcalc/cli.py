@@ -126,9 +126,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="CPU threads for torch (default: torch's choice)")
     common.add_argument("--debug", action="store_true",
                         help="show the traceback of a user error instead of one line")
+    numerics = _Parser(add_help=False)  # of the commands that build a calculator
+    numerics.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                          help="the model's floating-point precision")
+    numerics.add_argument("--precision", choices=PRECISIONS, default="float32",
+                          help=PRECISION_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
     md = commands.add_parser("md", help="run molecular dynamics with ASE's integrators",
-                             parents=[common], formatter_class=_HelpFormatter)
+                             parents=[common, numerics], formatter_class=_HelpFormatter)
     md.add_argument("structure", nargs="?",
                     help="any file ASE reads (default: 108-atom fcc Cu, 32 with --small)")
     md.add_argument("--model", default="pet-demo-cu",
@@ -141,10 +146,6 @@ def _parser() -> argparse.ArgumentParser:
     md.add_argument("--ensemble", choices=ENSEMBLES, default="nve",
                     help="nve: velocity Verlet; langevin; nvt: Nose-Hoover chain; "
                          f"npt: isotropic MTK at {NPT_PRESSURE_GPA:g} GPa")
-    md.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                    help="the model's floating-point precision")
-    md.add_argument("--precision", choices=PRECISIONS, default="float32",
-                    help=PRECISION_HELP)
     md.add_argument("--output", metavar="FILE",
                     help="trajectory with energies and forces, every 10th step: "
                          f"{', '.join(TRAJECTORY_FORMATS)} (.xyz is extended XYZ)")
@@ -154,15 +155,13 @@ def _parser() -> argparse.ArgumentParser:
     screening = commands.add_parser(
         "screen", help="evaluate or relax every structure of a file, appending each result "
                        "to an extended XYZ file as it finishes",
-        parents=[common], formatter_class=_HelpFormatter,
+        parents=[common, numerics], formatter_class=_HelpFormatter,
     )
     screening.add_argument("input", metavar="INPUT",
                            help="any file ASE reads, with one or more structures")
     screening.add_argument("--model", default="pet-demo-cu",
                            help=f"bundled model ({', '.join(DEMO_MODELS)}) or a model file")
     screening.add_argument("--task", help="UMA task (dataset head), e.g. omat or omol")
-    screening.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                           help="the model's floating-point precision")
     screening.add_argument("--relax", action="store_true",
                            help="relax the positions with FIRE (ASE's, step for step; many "
                                 "structures per model call for models that batch) first")
@@ -210,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="tiny models, 32 atoms or a few small structures, fewer calls: "
                             "a smoke test")
     compile_ = commands.add_parser(
-        "compile", parents=[common], formatter_class=_HelpFormatter,
+        "compile", parents=[common, numerics], formatter_class=_HelpFormatter,
         help="compile a model into the disk cache, so that later processes start faster",
         description="Compile MODEL once (one compilation serves every system size) and "
                     "store it in the disk cache of compiled models, for example once per "
@@ -218,10 +217,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     compile_.add_argument("model", help=f"bundled model ({', '.join(DEMO_MODELS)}) or a model file")
     compile_.add_argument("--task", help="UMA task (dataset head), e.g. omat or omol")
-    compile_.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                          help="the model's floating-point precision")
-    compile_.add_argument("--precision", choices=PRECISIONS, default="float32",
-                          help=PRECISION_HELP)
     compile_.add_argument("--cache-dir", type=Path, metavar="FOLDER",
                           help="the cache folder (default: $FASTCALC_CACHE_DIR or "
                                "~/.cache/fastcalc)")
@@ -291,7 +286,8 @@ def _md(args: argparse.Namespace) -> None:
     path = _model_path(args.model)
     calculator = load_calculator(path, task=args.task, device=device, dtype=args.dtype,
                                  precision=args.precision)
-    print(f"{len(atoms)} atoms, model {args.model} on {calculator.device} ({args.dtype}), "
+    print(f"{len(atoms)} atoms, model {args.model} on {calculator.device} ({args.dtype}, "
+          f"precision {args.precision}), "
           f"{args.ensemble} at {args.temperature:g} K, {args.timestep:g} fs steps")
     summary = run_md(
         atoms, calculator, steps=steps, timestep_fs=args.timestep,
@@ -339,12 +335,12 @@ def _screen(args: argparse.Namespace) -> None:
     structures = _frames(args.input)
     device = _device(args.device)
     factory = partial(load_calculator, _model_path(args.model), task=args.task, device=device,
-                      dtype=args.dtype)
+                      dtype=args.dtype, precision=args.precision)
     where = f"{args.workers} Ray workers" if args.workers else "one process"
     what = (f"relaxing (FIRE to fmax {args.fmax:g} eV/A within {args.max_steps} steps)"
             if args.relax else "evaluating")
     print(f"{what} the structures of {args.input} with {args.model} on {device} "
-          f"({args.dtype}, {where}) into {out}", flush=True)
+          f"({args.dtype}, precision {args.precision}, {where}) into {out}", flush=True)
     try:
         summary = screen(
             structures, factory, out, relax=args.relax, fmax=args.fmax,
@@ -448,6 +444,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
+        if getattr(args, "precision", "float32") != "float32" and args.dtype != "float32":
+            raise UsageError(f"--precision {args.precision} applies to --dtype float32, not "
+                             f"{args.dtype}")
         if args.command == "md":
             _md(args)
         elif args.command == "screen":

@@ -226,6 +226,27 @@ def test_screen_command_writes_every_structure_with_its_index(tmp_path, monkeypa
     assert "does not support Au" in failed[0].info["screen_error"]
 
 
+def test_screen_builds_its_calculator_with_the_precision_asked_for(tmp_path, monkeypatch):
+    built = []
+
+    def recording(*args, **kwargs):
+        built.append(load_calculator(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(cli, "load_calculator", recording)
+    main(["screen", screen_input(tmp_path), "--device", "cpu", "--precision", "3xtf32",
+          "--out", str(tmp_path / "out.extxyz")])
+    assert [calc.precision for calc in built] == ["3xtf32"]
+
+
+@pytest.mark.parametrize("command", [["md", "--small"], ["screen", "in.xyz"],
+                                     ["compile", "pet-demo-cu"]])
+def test_a_reduced_precision_of_float64_is_one_line_and_exit_status_2(command, capsys):
+    line = refused(capsys, [*command, "--device", "cpu", "--dtype", "float64",
+                            "--precision", "tf32"])
+    assert f"fastcalc {command[0]}: error: --precision tf32 applies to --dtype float32" in line
+
+
 def empty_trajectory(folder) -> str:
     Trajectory(folder / "empty.traj", "w").close()
     return str(folder / "empty.traj")
