@@ -18,7 +18,8 @@ from ase.md.md import MolecularDynamics
 from ase.md.nose_hoover_chain import IsotropicMTKNPT, NoseHooverChainNVT
 from ase.md.velocitydistribution import Stationary, thermalize_momenta
 from ase.md.verlet import VelocityVerlet
-from tqdm.auto import tqdm
+
+from .progress import progress_bar
 
 __all__ = [
     "ENSEMBLES",
@@ -200,7 +201,7 @@ def run_md(
     with ExitStack() as stack:
         if trajectory:
             dyn.attach(_frame_writer(trajectory, atoms, stack), interval=interval)
-        bar = stack.enter_context(tqdm(total=steps, unit="step", disable=not progress))
+        bar = stack.enter_context(progress_bar(total=steps, unit="step", disable=not progress))
         last = time.perf_counter()
 
         def observe() -> None:

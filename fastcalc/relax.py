@@ -21,9 +21,9 @@ from ase import Atoms
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.filters import FrechetCellFilter
 from ase.utils.abc import Optimizable
-from tqdm.auto import tqdm
 
 from .calculator import InvalidAtomsError, TorchCalculator, spans_volume
+from .progress import progress_bar
 
 __all__ = ["FireParameters", "FireState", "Relaxed", "irelax", "relax_many"]
 
@@ -189,7 +189,7 @@ def relax_many(
     out: list[Relaxed | None] = [None] * len(structures)
     finished = irelax(structures, calc, fmax=fmax, max_steps=max_steps, cell=cell,
                       max_atoms=max_atoms, fire=fire)
-    with tqdm(total=len(structures), unit="structure", disable=not progress) as bar:
+    with progress_bar(total=len(structures), unit="structure", disable=not progress) as bar:
         for index, relaxed in finished:
             out[index] = relaxed
             bar.update(1)

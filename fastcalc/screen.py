@@ -29,9 +29,9 @@ from ase.calculators.calculator import Calculator
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.io import iread, write
 from ase.optimize import FIRE
-from tqdm.auto import tqdm
 
 from .calculator import InvalidAtomsError, atom_chunks
+from .progress import progress_bar
 from .relax import Relaxed, irelax
 
 __all__ = [
@@ -450,7 +450,7 @@ def screen(
     with ExitStack() as stack:
         stack.enter_context(closing(results))
         bar = stack.enter_context(
-            tqdm(total=total, unit="structure", disable=not progress, dynamic_ncols=True)
+            progress_bar(total=total, unit="structure", disable=not progress, dynamic_ncols=True)
         )
         handle = None  # opened at the first result: a run that fails to start writes nothing
         for result in results:

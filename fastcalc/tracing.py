@@ -23,20 +23,19 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.fx
 import torch.fx.experimental._config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
-from tqdm.auto import tqdm
 
 from torch import nn
 
 from .compile_cache import CacheKey, CompileCache
 from . import triton_bundle
+from .progress import elapsed
 from .saved_graph import COMPILE_OPTIONS, GuardsRefused, LoadedGraph, SavedGraph, compile_ahead
 
 __all__ = [
@@ -236,28 +235,6 @@ def compiled_graphs() -> int:
 _log = logging.getLogger("fastcalc")
 
 
-@contextmanager
-def _elapsed(description: str, delay: float = 3.0) -> Iterator[None]:
-    """A progress line counting the seconds of a long step, shown once it has taken
-    ``delay`` seconds (a silent minute looks like a hang) and removed at its end."""
-    done = threading.Event()
-
-    def show() -> None:
-        if done.wait(delay):
-            return
-        with tqdm(desc=description, bar_format="{desc}: {elapsed}", leave=False) as line:
-            while not done.wait(1.0):
-                line.refresh()
-
-    thread = threading.Thread(target=show, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-
-
 class _LoadedOrCompiled:
     """A loaded graph, and for inputs its guards refuse (it cannot recompile) the function
     traced and compiled in this process at the first such call."""
@@ -362,7 +339,7 @@ class GraphRunner:
         self._run = CapturedGraphs(run) if self.mode == "reduce-overhead" else run
         before = compiled_graphs()
         compiles = isinstance(run, CompiledGraph)  # at its first call
-        with _elapsed(f"fastcalc: {'compiling' if compiles else 'running'} the model"):
+        with elapsed(f"fastcalc: {'compiling' if compiles else 'running'} the model"):
             outputs = self._run(*inputs)
         self._compilations += compiled_graphs() - before
         if saved is not None:
@@ -386,7 +363,7 @@ class GraphRunner:
         if key is None:
             return CompiledGraph(graph), None
         try:
-            with _elapsed("fastcalc: compiling the model (stored for later processes)"):
+            with elapsed("fastcalc: compiling the model (stored for later processes)"):
                 before = compiled_graphs()
                 loaded, saved = compile_ahead(graph, self.owner, inputs)
                 self._compilations += compiled_graphs() - before

@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from ase import Atoms
 from ase.calculators.calculator import Calculator
-from tqdm.auto import tqdm
 
 from ..pet import CompiledPETCalculator
+from ..progress import progress_bar
 from ..registry import families
 from ..uma import BucketedCalculator
 from .first_result import FirstResultRecord, time_first_results
@@ -298,7 +298,7 @@ def _torch_settings() -> None:
 
 def _bar(label: str) -> Callable[[Iterable], Iterable]:
     """A progress bar over the timed calls."""
-    return lambda steps: tqdm(steps, desc=label, unit="call", leave=False)
+    return lambda steps: progress_bar(iterable=steps, desc=label, unit="call", leave=False)
 
 
 class UnknownContenderError(ValueError):
