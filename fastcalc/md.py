@@ -209,8 +209,11 @@ def run_md(
             now = time.perf_counter()
             if dyn.nsteps > 0:
                 step_ms.append((now - last) * 1e3)
+                # shown at the bar's next redraw (which update times)
+                bar.set_postfix_str(
+                    f"{step_ms[-1]:.1f} ms/step, {atoms.get_temperature():.0f} K", refresh=False
+                )
                 bar.update(1)
-                bar.set_postfix_str(f"{step_ms[-1]:.1f} ms/step, {atoms.get_temperature():.0f} K")
             temperatures.append(atoms.get_temperature())
             if ensemble == "npt":  # the barostat has just evaluated this stress
                 volumes.append(atoms.get_volume())

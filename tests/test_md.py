@@ -1,5 +1,8 @@
 """fastcalc.md.run_md drives ASE's integrators and reports what happened."""
 
+import io
+import sys
+
 import pytest
 from ase.io import read
 from pair_potential import CUTOFF, ase_morse, morse_energy
@@ -97,3 +100,12 @@ def test_the_npt_summary_reports_mean_volume_and_pressure():
     assert "drift" not in printed
     assert f"volume {summary.mean_volume_A3:.1f} A^3 mean" in printed
     assert f"pressure {summary.mean_pressure_GPa:+.2f} GPa mean (barostat at 0 GPa)" in printed
+
+
+def test_into_a_log_file_the_progress_bar_is_drawn_at_its_start_and_end(monkeypatch):
+    log = io.StringIO()  # standard error of a batch job
+    monkeypatch.setattr(sys, "stderr", log)
+    run_md(default_structure(), morse(), steps=20)
+    draws = log.getvalue().split("\r")[1:]
+    assert len(draws) == 2 and draws[-1].startswith("100%|")
+    assert "ms/step" in draws[-1]
