@@ -61,3 +61,16 @@ def test_eager_vs_compiled_notebook_runs(monkeypatch):
         (n, impl) for n in (32, 108) for impl in ("eager", "compiled")
     }
     assert all(r.median_ms > 0 for r in namespace["records"])
+
+
+def test_surface_energies_of_the_uma_demo_model_match_emt():
+    """The UMA demo model was fitted to EMT; its relaxed slabs' surface energies should be
+    EMT's, computed with ASE's own FIRE, to a few hundredths of a J/m²."""
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "surface_energies.py"), "4"],
+        capture_output=True, text=True, check=True,
+    )
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("(1")]
+    assert [row[0] for row in rows] == ["(111)", "(100)", "(110)"], result.stdout
+    for face, ours, _, emt, _ in rows:
+        assert abs(float(ours) - float(emt)) < 0.03, result.stdout
