@@ -1,6 +1,7 @@
 """Progress is live on a terminal and a few whole lines in a log file."""
 
 import io
+import re
 import sys
 import time
 
@@ -27,8 +28,10 @@ def test_a_file_is_not_interactive_and_a_terminal_is():
 def test_a_long_step_in_a_log_is_a_line_when_it_passes_the_delay_and_one_at_its_end(monkeypatch):
     log = stderr_into(io.StringIO(), monkeypatch)  # a batch job's log file
     with elapsed("fastcalc: compiling", delay=0.05):
-        time.sleep(0.3)
-    assert log.getvalue().splitlines() == ["fastcalc: compiling ...", "fastcalc: compiling: done in 0 s"]
+        time.sleep(0.5)
+    first, last = log.getvalue().splitlines()
+    assert first == "fastcalc: compiling ..."
+    assert re.fullmatch(r"fastcalc: compiling: done in \d+ s", last)
     assert "\r" not in log.getvalue()
 
 
@@ -42,8 +45,8 @@ def test_a_step_shorter_than_the_delay_writes_nothing(monkeypatch):
 def test_a_long_step_on_a_terminal_is_a_line_redrawn_in_place(monkeypatch):
     terminal = stderr_into(Terminal(), monkeypatch)
     with elapsed("fastcalc: compiling", delay=0.05):
-        time.sleep(1.3)
-    assert "\rfastcalc: compiling: 00:01" in terminal.getvalue()
+        time.sleep(0.5)
+    assert "\rfastcalc: compiling: 00:0" in terminal.getvalue()
 
 
 def test_a_bar_into_a_log_redraws_at_most_once_a_minute(monkeypatch):
