@@ -75,4 +75,4 @@ def elapsed(description: str, delay: float = 3.0) -> Iterator[None]:
         thread.join()
         if shown.is_set():
             seconds = time.perf_counter() - start
-            print(f"{description}: done in {seconds:.0f} s", file=sys.stderr, flush=True)
+            print(f"{description}: took {seconds:.0f} s", file=sys.stderr, flush=True)

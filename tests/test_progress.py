@@ -31,7 +31,7 @@ def test_a_long_step_in_a_log_is_a_line_when_it_passes_the_delay_and_one_at_its_
         time.sleep(0.5)
     first, last = log.getvalue().splitlines()
     assert first == "fastcalc: compiling ..."
-    assert re.fullmatch(r"fastcalc: compiling: done in \d+ s", last)
+    assert re.fullmatch(r"fastcalc: compiling: took \d+ s", last)
     assert "\r" not in log.getvalue()
 
 
