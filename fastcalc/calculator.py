@@ -313,6 +313,9 @@ class TorchCalculator(Calculator):
         # numbers, cell and pbc of the last structure that passed, and whether it has a volume
         self._checked: tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None = None
         self._zeros: torch.Tensor | None = None
+        # the user's cell last seen, the model's cell in its place (or None) and the
+        # padding shift (see _padding)
+        self._padded_cell: tuple[np.ndarray, torch.Tensor | None, torch.Tensor] | None = None
         self._digest: str | None = None
         self._lock = threading.RLock()
 
@@ -520,6 +523,21 @@ class TorchCalculator(Calculator):
             self._device_copies[name] = (host, device)
         return device
 
+    def _padding(self, cell: np.ndarray) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """For the user's ``cell``: the cell the model sees in its place if a vector is
+        zero (:func:`padding_cell`; else None, the cell itself) and the unit shift of padded
+        edges for the model's cell (:func:`padding_shift`), both on the device; made on the
+        host, and again only when the cell changed (an MD step keeps it)."""
+        if self._padded_cell is None or not np.array_equal(self._padded_cell[0], cell):
+            model_cell = torch.tensor(cell, dtype=self.dtype)
+            replaced = None
+            if not cell.any(axis=1).all():  # a zero cell vector: no stress then
+                model_cell = padding_cell(model_cell, self.cutoff)
+                replaced = model_cell.to(self.device)
+            shift = padding_shift(model_cell, self.cutoff).to(self.device)
+            self._padded_cell = (np.array(cell, copy=True), replaced, shift)
+        return self._padded_cell[1], self._padded_cell[2]
+
     def _system_index(self, atoms: int) -> torch.Tensor:
         """``system_index`` of one system of ``atoms`` atoms (zeros), made when the count
         changes rather than every call."""
@@ -619,11 +637,9 @@ class TorchCalculator(Calculator):
             edge_index, unit_shifts = search(positions, cell, pbc, host=geometry)
         except NeighborOverflowError as error:
             raise InvalidAtomsError(str(error)) from error
-        model_cell = torch.tensor(atoms.cell.array, dtype=self.dtype)  # on the host
-        if not atoms.cell.array.any(axis=1).all():  # a zero cell vector: no stress then
-            model_cell = padding_cell(model_cell, self.cutoff)
-            cell = model_cell.to(self.device)
-        shift = padding_shift(model_cell, self.cutoff).numpy()
+        replaced, shift = self._padding(atoms.cell.array)
+        if replaced is not None:
+            cell = replaced
         charge, spin = charge_and_spin(atoms.info, self.default_spin)
         system = System(
             positions=positions,
@@ -639,7 +655,7 @@ class TorchCalculator(Calculator):
             charge=charge,
             spin=spin,
             compute_stress=has_volume,
-            padding_shift=self._on_device("padding_shift", shift, torch.long),
+            padding_shift=shift,
         )
         with matmul_precision(self.precision):
             result = self.evaluate(system)
