@@ -9,8 +9,7 @@ Run: python examples/surface_energies.py [layers]
 
 import sys
 
-import numpy as np
-from ase import Atoms
+from ase import Atoms, units
 from ase.build import bulk, fcc100, fcc110, fcc111
 from ase.calculators.calculator import Calculator
 from ase.calculators.emt import EMT
@@ -20,7 +19,7 @@ from ase.optimize import FIRE
 from fastcalc import BucketedCalculator, relax_many
 
 FACES = {"111": fcc111, "100": fcc100, "110": fcc110}
-J_PER_M2 = 16.0218  # one eV/Å² in J/m²
+J_PER_M2 = units.J / units.m**2  # one J/m² in ASE's eV/Å²
 FMAX = 0.01  # eV/Å
 
 
@@ -40,8 +39,7 @@ def slabs(a: float, layers: int) -> dict[str, Atoms]:
 
 def surface_energy(slab: Atoms, energy: float, per_atom: float) -> float:
     """gamma in J/m² of a slab with two equal faces."""
-    area = np.linalg.norm(np.cross(slab.cell[0], slab.cell[1]))
-    return (energy - len(slab) * per_atom) / (2 * area) * J_PER_M2
+    return (energy - len(slab) * per_atom) / (2 * slab.cell.area(2)) / J_PER_M2
 
 
 def main(layers: int = 5) -> None:
