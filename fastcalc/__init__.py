@@ -4,7 +4,7 @@ from .calculator import InvalidAtomsError, PotentialCalculator, TorchCalculator
 from .neighbors import NeighborOverflowError, VerletNeighborList, neighbor_list
 from .pet import CompiledPETCalculator
 from .relax import Relaxed, relax_many
-from .triton_bundle import use_torchs_ptxas
+from .kernel_bundle import use_torchs_ptxas
 from .uma import BucketedCalculator
 
 use_torchs_ptxas()  # before anything in the process asks Triton for its ptxas version

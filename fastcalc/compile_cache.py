@@ -4,8 +4,9 @@ The first process that compiles a model's function stores it compiled ahead of t
 (:class:`fastcalc.saved_graph.SavedGraph`: the traced graph's code, the model tensors it
 reads, and torch's ``aot_compile`` artifact of dynamo's and inductor's output), together
 with torch's compile artifacts of that compilation (``torch.compiler.save_cache_artifacts``:
-inductor's code and its compiled kernels) and the Triton kernels its compilation and first
-call made (:mod:`fastcalc.triton_bundle`). A later process on a machine with the same
+inductor's code and its compiled kernels) and the kernels' machine code its compilation
+and first call made (:mod:`fastcalc.kernel_bundle`: Triton's on CUDA, inductor's C++
+libraries on the CPU). A later process on a machine with the same
 software and device loads both and calls the compiled code without tracing or compiling.
 This works across machines that share the folder (a job array over nodes), where
 torch's own caches in ``/tmp`` do not.
@@ -42,7 +43,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import triton_bundle
+from .kernel_bundle import KernelFolder
 from .saved_graph import LoadedGraph, SavedGraph
 
 __all__ = ["CACHE_ENV", "CacheKey", "CompileCache", "default_cache_dir", "tensors_digest"]
@@ -86,10 +87,12 @@ def _tensor_sha256(tensor: torch.Tensor) -> bytes:
 
 
 def _device_name(device: torch.device) -> str:
+    """The device as compiled code depends on it: a GPU's name and architecture, or the
+    CPU's architecture and the vector instructions its kernels are generated for."""
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
-    return f"{device.type} {platform.machine()}"
+    return f"{device.type} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
 
 
 @functools.cache
@@ -181,30 +184,31 @@ class CompileCache:
         return self.folder / key.name
 
     def load(
-        self, key: CacheKey, owner: nn.Module | None, kernels: Path | None = None
+        self, key: CacheKey, owner: nn.Module | None, kernels: KernelFolder | None = None
     ) -> LoadedGraph | None:
         """The stored graph of ``key`` bound to the tensors of ``owner`` (the model), or
-        None if there is none; its Triton kernels go into the Triton cache folder
+        None if there is none; its compiled kernels go into the compiler's cache folder
         ``kernels`` where missing. An unusable entry is reported in one warning and removed."""
         path = self.path(key)
         if not path.exists():
             return None
         try:
             moments = [time.perf_counter()]
-            stored_key, saved, artifacts, triton = _read(path)
+            stored_key, saved, artifacts, machine_code = _read(path)
             if stored_key != asdict(key):
                 raise ValueError("its key does not match")
             moments.append(time.perf_counter())
             if artifacts:
                 torch.compiler.load_cache_artifacts(artifacts)
             moments.append(time.perf_counter())
-            triton_bundle.unpack(kernels, triton)
+            if kernels is not None:
+                kernels.unpack(machine_code)
             moments.append(time.perf_counter())
             loaded = LoadedGraph.load(saved, owner)
             moments.append(time.perf_counter())
             _log.info(
                 "fastcalc: loading the stored model took %.1f s: reading %.1f s, torch's "
-                "compile artifacts %.1f s, Triton kernels %.1f s, the compiled code %.1f s "
+                "compile artifacts %.1f s, compiled kernels %.1f s, the compiled code %.1f s "
                 "(with the imports of dynamo and inductor)",
                 moments[-1] - moments[0], *(b - a for a, b in itertools.pairwise(moments)),
             )
@@ -219,14 +223,14 @@ class CompileCache:
             path.unlink(missing_ok=True)
             return None
 
-    def store(self, key: CacheKey, saved: SavedGraph, triton: bytes = b"") -> Path | None:
-        """Write ``saved``, what torch compiled in this process and ``triton`` (its Triton
-        kernels, :func:`fastcalc.triton_bundle.pack`) as the entry of ``key`` (atomically:
+    def store(self, key: CacheKey, saved: SavedGraph, kernels: bytes = b"") -> Path | None:
+        """Write ``saved``, what torch compiled in this process and ``kernels`` (their
+        machine code, :meth:`fastcalc.kernel_bundle.KernelFolder.pack`) as the entry of ``key`` (atomically:
         a temporary file renamed into place); None when the folder cannot be written
         (reported in one warning: the model runs regardless)."""
         artifacts = torch.compiler.save_cache_artifacts()
         artifacts = artifacts[0] if artifacts is not None else b""
-        payload = saved.compiled + artifacts + triton
+        payload = saved.compiled + artifacts + kernels
         header = json.dumps({
             "key": asdict(key),
             "sha256": hashlib.sha256(saved.source.encode() + payload).hexdigest(),
@@ -292,7 +296,7 @@ def write_atomically(path: Path, data: bytes, what: str) -> bool:
 
 
 def _read(path: Path) -> tuple[dict, SavedGraph, bytes, bytes]:
-    """The key, saved graph, torch compile artifacts and Triton kernels of an entry file;
+    """The key, saved graph, torch compile artifacts and kernels' machine code of an entry file;
     ValueError if it is damaged."""
     data = path.read_bytes()
     if not data.startswith(_MAGIC):

@@ -34,7 +34,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch import nn
 
 from .compile_cache import CacheKey, CompileCache
-from . import triton_bundle
+from .kernel_bundle import kernel_folder
 from .progress import elapsed
 from .saved_graph import COMPILE_OPTIONS, GuardsRefused, LoadedGraph, SavedGraph, compile_ahead
 
@@ -320,11 +320,11 @@ class GraphRunner:
 
     def _first_call(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Load the stored graph, or trace and compile, call, and store the graph with the
-        Triton kernels its compilation and first call made (:mod:`fastcalc.triton_bundle`)."""
+        kernels its compilation and first call made (:mod:`fastcalc.kernel_bundle`)."""
         start = time.perf_counter()
         key = self.key() if self.key is not None else None
-        kernels = triton_bundle.cache_folder(inputs[0].device) if key is not None else None
-        kernels_before = triton_bundle.listing(kernels)
+        kernels = kernel_folder(inputs[0].device) if key is not None else None
+        kernels_before = kernels.listing() if kernels is not None else set()
         loaded = self.cache.load(key, self.owner, kernels) if key is not None else None
         found = time.perf_counter()
         self._from_cache = loaded is not None
@@ -343,7 +343,7 @@ class GraphRunner:
             outputs = self._run(*inputs)
         self._compilations += compiled_graphs() - before
         if saved is not None:
-            self.cache.store(key, saved, triton_bundle.pack(kernels, kernels_before))
+            self.cache.store(key, saved, kernels.pack(kernels_before))
         _log.info(
             "fastcalc: first compiled call %.1f s: disk cache %.1f s (%s), tracing %.1f s, "
             "compiling and running %.1f s",

@@ -1,7 +1,8 @@
-"""Triton kernels carried in a compile cache entry: the kernel folders a compilation added
-to Triton's cache are stored with the entry and put back, where missing, by a process
-that loads it (on CUDA, ``tests/pet/test_pet_cuda.py`` checks that such a process
-compiles no Triton kernel)."""
+"""Compiled kernels carried in a compile cache entry: the kernels a compilation added to
+its compiler's cache folder (Triton's kernel folders on CUDA, inductor's C++ libraries on
+the CPU) are stored with the entry and put back, where missing, by a process that loads
+it (``tests/test_compile_cache.py`` checks that such a process on the CPU builds no C++,
+and on CUDA ``tests/pet/test_pet_cuda.py`` that it compiles no Triton kernel)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 import torch
 from test_tracing import crystal, graph_inputs, morse_efs
 
-from fastcalc import triton_bundle
+from fastcalc import kernel_bundle, tracing
 from fastcalc.compile_cache import CacheKey, CompileCache
+from fastcalc.kernel_bundle import KernelFolder, kernel_folder
 from fastcalc.tracing import GraphRunner
 
 
@@ -32,10 +34,11 @@ def files(folder) -> dict[str, bytes]:
 def test_pack_holds_the_kernel_folders_added_since_the_listing(tmp_path):
     compiled, fresh = tmp_path / "compiled", tmp_path / "fresh"
     kernel(compiled, "OLD", b"\x00old")
-    before = triton_bundle.listing(compiled)
+    before = KernelFolder(compiled, triton=True).listing()
     kernel(compiled, "NEW1", b"\x01new")
     kernel(compiled, "NEW2", bytes(range(256)))
-    assert triton_bundle.unpack(fresh, triton_bundle.pack(compiled, before)) == 2
+    data = KernelFolder(compiled, triton=True).pack(before)
+    assert KernelFolder(fresh, triton=True).unpack(data) == 2
     assert files(fresh) == {k: v for k, v in files(compiled).items() if not k.startswith("OLD")}
 
 
@@ -44,7 +47,8 @@ def test_unpack_keeps_kernel_folders_already_there(tmp_path):
     kernel(compiled, "A", b"from the entry")
     kernel(compiled, "B", b"from the entry")
     kernel(other, "A", b"compiled here")
-    assert triton_bundle.unpack(other, triton_bundle.pack(compiled, set())) == 1
+    data = KernelFolder(compiled, triton=True).pack(set())
+    assert KernelFolder(other, triton=True).unpack(data) == 1
     assert (other / "A" / "kernel.cubin").read_bytes() == b"compiled here"
     assert (other / "B" / "kernel.cubin").read_bytes() == b"from the entry"
     assert sorted(p.name for p in other.iterdir()) == ["A", "B"]  # no staging left behind
@@ -63,20 +67,49 @@ def test_a_kernel_put_back_in_another_cache_folder_is_a_hit_for_triton(tmp_path,
     manager = cache.FileCacheManager("KEY")
     group = {f"k.{stage}": manager.put(data, f"k.{stage}") for stage, data in stages.items()}
     manager.put_group("k.json", group)
-    data = triton_bundle.pack(first, set())
+    data = KernelFolder(first, triton=True).pack(set())
     shutil.rmtree(first)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(second))
-    assert triton_bundle.unpack(second, data) == 1
+    assert KernelFolder(second, triton=True).unpack(data) == 1
     found = cache.FileCacheManager("KEY").get_group("k.json")
     assert found == {"k.json": str(second / "KEY" / "k.json"),
                      "k.cubin": str(second / "KEY" / "k.cubin")}
     assert Path(found["k.cubin"]).read_bytes() == stages["cubin"]
 
 
-def test_nothing_to_pack_or_unpack_without_a_triton_folder(tmp_path):
-    assert triton_bundle.cache_folder(torch.device("cpu")) is None
-    assert triton_bundle.pack(None, set()) == b""
-    assert triton_bundle.unpack(None, b"") == 0
+def library(folder, name: str, payload: bytes) -> None:
+    """A C++ kernel as inductor builds one: source and shared library in a sub-folder
+    named by the first characters of its hash."""
+    (folder / name[:2]).mkdir(parents=True, exist_ok=True)
+    (folder / name[:2] / f"{name}.cpp").write_text("extern \"C\" void kernel() {}")
+    (folder / name[:2] / f"{name}.main.so").write_bytes(payload)
+
+
+def test_pack_holds_the_cpp_libraries_added_since_the_listing(tmp_path):
+    compiled, other = tmp_path / "compiled", tmp_path / "other"
+    library(compiled, "cold", b"\x7fELF old")
+    before = KernelFolder(compiled, triton=False).listing()
+    library(compiled, "cnew1", b"\x7fELF new")
+    library(compiled, "cnew2", bytes(range(256)))
+    library(other, "cnew1", b"\x7fELF built here")
+    data = KernelFolder(compiled, triton=False).pack(before)
+    assert KernelFolder(other, triton=False).unpack(data) == 1
+    assert files(other) == {
+        "cn/cnew1.cpp": files(compiled)["cn/cnew1.cpp"],  # what was there stays
+        "cn/cnew1.main.so": b"\x7fELF built here",
+        "cn/cnew2.main.so": bytes(range(256)),  # the library only: a hit needs no source
+    }
+
+
+def test_the_cpu_kernels_are_inductor_s_libraries(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    assert kernel_folder(torch.device("cpu")) == KernelFolder(tmp_path, triton=False)
+
+
+def test_nothing_to_pack_from_a_missing_folder_or_to_unpack_from_nothing(tmp_path):
+    for triton in (True, False):
+        assert KernelFolder(tmp_path / "missing", triton).pack(set()) == b""
+        assert KernelFolder(tmp_path / "missing", triton).unpack(b"") == 0
 
 
 def test_a_loaded_entry_puts_back_the_kernels_its_first_process_made(tmp_path, monkeypatch):
@@ -84,7 +117,7 @@ def test_a_loaded_entry_puts_back_the_kernels_its_first_process_made(tmp_path, m
     kernel, made while the function is traced) stores it with the entry; a second runner
     with an empty Triton folder loads the entry and finds the kernel folder back."""
     triton = tmp_path / "triton"
-    monkeypatch.setattr(triton_bundle, "cache_folder", lambda device: triton)
+    monkeypatch.setattr(tracing, "kernel_folder", lambda device: KernelFolder(triton, True))
 
     def with_a_kernel(*inputs):
         if not (triton / "MORSE").exists():
@@ -115,12 +148,12 @@ def fake_torch_with_ptxas(tmp_path, monkeypatch) -> Path:
 def test_torchs_ptxas_is_named_for_triton_where_torch_ships_one(tmp_path, monkeypatch):
     ptxas = fake_torch_with_ptxas(tmp_path, monkeypatch)
     monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
-    triton_bundle.use_torchs_ptxas()
+    kernel_bundle.use_torchs_ptxas()
     assert Path(os.environ["TRITON_PTXAS_PATH"]) == ptxas
 
 
 def test_a_ptxas_the_user_named_is_kept(tmp_path, monkeypatch):
     fake_torch_with_ptxas(tmp_path, monkeypatch)
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/cuda/bin/ptxas")
-    triton_bundle.use_torchs_ptxas()
+    kernel_bundle.use_torchs_ptxas()
     assert os.environ["TRITON_PTXAS_PATH"] == "/opt/cuda/bin/ptxas"
