@@ -258,6 +258,10 @@ class TorchCalculator(Calculator):
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
     #: The model (set by subclasses): holds every tensor its compiled functions read.
     core: torch.nn.Module
+    #: The model's functions for one structure and for batches (set by subclasses that
+    #: compile: :meth:`graph_runner`).
+    _runner: GraphRunner
+    _batch_runner: GraphRunner
     #: Spin multiplicity when ``atoms.info`` gives none.
     default_spin = 1
     #: What ``todict()`` (and so ASE's trajectories) records: the constructor's settings.
@@ -487,6 +491,17 @@ class TorchCalculator(Calculator):
             states=states,
             sizes=sizes,
         )
+
+    @property
+    def compile_stats(self) -> dict[str, int]:
+        """``{"compilations", "cuda_graphs", "recompiles", "from_cache"}`` of the function
+        that evaluates one structure (see :attr:`fastcalc.tracing.GraphRunner.stats`)."""
+        return self._runner.stats
+
+    @property
+    def batch_compile_stats(self) -> dict[str, int]:
+        """The same of the function that evaluates batches (:meth:`evaluate_many`)."""
+        return self._batch_runner.stats
 
     def model_digest(self) -> str:
         """A digest of the model's weights and hyper-parameters (see

@@ -38,7 +38,7 @@ from .bench.suite import (
     run_throughput,
 )
 from .bench.timing import COPPER_REPEATS
-from .calculator import InvalidAtomsError
+from .calculator import InvalidAtomsError, TorchCalculator
 from .compile_cache import CONVERTED, CompileCache
 from .precision import PRECISIONS
 from .md import (
@@ -217,6 +217,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     compile_.add_argument("model", help=f"bundled model ({', '.join(DEMO_MODELS)}) or a model file")
     compile_.add_argument("--task", help="UMA task (dataset head), e.g. omat or omol")
+    compile_.add_argument("--batched", action="store_true",
+                          help="also compile the function that evaluates batches of "
+                               "structures (evaluate_many, relax_many, fastcalc screen): "
+                               "a second compilation")
     compile_.add_argument("--cache-dir", type=Path, metavar="FOLDER",
                           help="the cache folder (default: $FASTCALC_CACHE_DIR or "
                                "~/.cache/fastcalc)")
@@ -395,6 +399,13 @@ def probe_structure(supported: Iterable[int] | None) -> Atoms:
     return bulk(chemical_symbols[number], "fcc", a=a, cubic=True).repeat(2)
 
 
+def _evaluate_many(calculator: TorchCalculator, atoms: Atoms) -> None:
+    """``atoms`` through the calculator's batched function; its error, if it has one."""
+    (result,) = calculator.evaluate_many([atoms])
+    if "error" in result:
+        raise result["error"]
+
+
 def _compile(args: argparse.Namespace) -> None:
     device = _device(args.device)
     path = _model_path(args.model)
@@ -404,13 +415,17 @@ def _compile(args: argparse.Namespace) -> None:
     )
     atoms = probe_structure(calculator.supported_numbers)
     atoms.calc = calculator
-    start = time.perf_counter()
-    atoms.get_forces()
-    stats = calculator.compile_stats
-    how = "loaded from the cache" if stats["from_cache"] else "compiled and stored"
-    print(f"{args.model} ({args.dtype}, precision {args.precision}, {calculator.compile_mode} "
-          f"on {calculator.device}): {how} in {time.perf_counter() - start:.1f} s, in "
-          f"{CompileCache(args.cache_dir).folder}")
+    functions = {"one structure": (atoms.get_forces, lambda: calculator.compile_stats)}
+    if args.batched:
+        functions["batches"] = (partial(_evaluate_many, calculator, atoms),
+                                lambda: calculator.batch_compile_stats)
+    for function, (call, stats) in functions.items():
+        start = time.perf_counter()
+        call()
+        how = "loaded from the cache" if stats()["from_cache"] else "compiled and stored"
+        print(f"{args.model} ({args.dtype}, precision {args.precision}, "
+              f"{calculator.compile_mode} on {calculator.device}), {function}: {how} in "
+              f"{time.perf_counter() - start:.1f} s, in {CompileCache(args.cache_dir).folder}")
 
 
 def _cache(args: argparse.Namespace) -> None:
@@ -424,7 +439,8 @@ def _cache(args: argparse.Namespace) -> None:
         key = entry.key or {"model": "unreadable entry"}
         when = datetime.datetime.fromtimestamp(entry.modified)
         details = ", ".join(f"{name} {key[name]}" for name in
-                            ("device", "dtype", "precision", "compile_mode", "torch") if name in key)
+                            ("graph", "device", "dtype", "precision", "compile_mode", "torch")
+                            if name in key)
         print(f"  {entry.path.name}  model {key['model'][:12]}  {details}  "
               f"{entry.size / 2**20:.1f} MiB  {when:%Y-%m-%d %H:%M}")
     converted = cache.converted()

@@ -14,12 +14,13 @@ which its loaded code compiles again unless a compiler cache on this machine has
   process whose inductor cache was empty spent 37 s of a 39 s load of the PET-S-shaped
   model building them again (2026-12-05), and 2 s with them put back.
 
-So an entry also holds the kernels that appeared in that folder while its model was
-compiled and first run (:meth:`KernelFolder.listing` before, :meth:`KernelFolder.pack`
-after), and a process that loads the entry puts back those its folder lacks
-(:meth:`KernelFolder.unpack`), each written under a temporary name and renamed into
-place, as Triton and inductor themselves do. A kernel that was in the folder before the
-compilation (made by another model's, say) is not carried.
+So an entry also holds the kernels that appeared in that folder since the process's first
+compiled call of a stored graph, up to the first call of the entry's own
+(:meth:`KernelFolder.listing` before, :meth:`KernelFolder.pack` after; the batched graph
+compiled after the single one then carries the kernels they share), and a process that
+loads the entry puts back those its folder lacks (:meth:`KernelFolder.unpack`), each
+written under a temporary name and renamed into place, as Triton and inductor themselves
+do. A kernel that was in the folder before (made by an earlier process) is not carried.
 
 A Triton kernel folder holds every stage of its compilation (source, Triton, GPU and
 LLVM IR, PTX), its metadata, the binary, and a group file naming them all by absolute

@@ -34,7 +34,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch import nn
 
 from .compile_cache import CacheKey, CompileCache
-from .kernel_bundle import kernel_folder
+from .kernel_bundle import KernelFolder, kernel_folder
 from .progress import elapsed
 from .saved_graph import COMPILE_OPTIONS, GuardsRefused, LoadedGraph, SavedGraph, compile_ahead
 
@@ -233,6 +233,10 @@ def compiled_graphs() -> int:
 
 
 _log = logging.getLogger("fastcalc")
+#: Each kernel folder's kernels before this process's first compiled call of a stored
+#: graph: an entry carries every kernel added since, so that a graph compiled after
+#: another (the batched function after the single one) carries the kernels they share.
+_KERNELS_BEFORE: dict[KernelFolder, set[str]] = {}
 
 
 class _LoadedOrCompiled:
@@ -320,11 +324,13 @@ class GraphRunner:
 
     def _first_call(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Load the stored graph, or trace and compile, call, and store the graph with the
-        kernels its compilation and first call made (:mod:`fastcalc.kernel_bundle`)."""
+        kernels this process made since its first such call (:data:`_KERNELS_BEFORE`,
+        :mod:`fastcalc.kernel_bundle`)."""
         start = time.perf_counter()
         key = self.key() if self.key is not None else None
         kernels = kernel_folder(inputs[0].device) if key is not None else None
-        kernels_before = kernels.listing() if kernels is not None else set()
+        if kernels is not None and kernels not in _KERNELS_BEFORE:
+            _KERNELS_BEFORE[kernels] = kernels.listing()
         loaded = self.cache.load(key, self.owner, kernels) if key is not None else None
         found = time.perf_counter()
         self._from_cache = loaded is not None
@@ -343,7 +349,7 @@ class GraphRunner:
             outputs = self._run(*inputs)
         self._compilations += compiled_graphs() - before
         if saved is not None:
-            self.cache.store(key, saved, kernels.pack(kernels_before))
+            self.cache.store(key, saved, kernels.pack(_KERNELS_BEFORE[kernels]))
         _log.info(
             "fastcalc: first compiled call %.1f s: disk cache %.1f s (%s), tracing %.1f s, "
             "compiling and running %.1f s",

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from importlib import metadata
 
+import numpy as np
 import pytest
 import torch
 from ase.build import bulk
@@ -183,25 +184,31 @@ def test_pet_demo_conserves_energy_over_200_nve_steps():
 
 
 def test_compile_fills_the_cache_that_a_later_calculator_starts_from(tmp_path, capsys):
-    """``fastcalc compile`` stores the model and its conversion from the file; ``cache
-    list`` shows both, a calculator built later compiles from them, and ``cache clear``
-    removes them."""
+    """``fastcalc compile --batched`` stores the model's functions for one structure and
+    for batches, and its conversion from the file; ``cache list`` shows them, a calculator
+    built later loads both functions from the cache, and ``cache clear`` removes them."""
     from fastcalc import CompiledPETCalculator
 
-    main(["compile", "pet-demo-cu", "--device", "cpu", "--cache-dir", str(tmp_path)])
-    assert "compiled and stored" in capsys.readouterr().out
+    main(["compile", "pet-demo-cu", "--device", "cpu", "--batched", "--cache-dir",
+          str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "one structure: compiled and stored" in out and "batches: compiled and stored" in out
     main(["cache", "list", "--cache-dir", str(tmp_path)])
     listed = capsys.readouterr().out
-    assert listed.startswith("1 compiled models in") and "dtype float32" in listed
+    assert listed.startswith("2 compiled models in") and "dtype float32" in listed
+    assert "graph single" in listed and "graph batch" in listed
     assert "1 models converted from their files" in listed
-    atoms = bulk("Cu", cubic=True).repeat(2)
-    atoms.calc = CompiledPETCalculator(
+    calculator = CompiledPETCalculator(
         "pet-demo-cu", device="cpu", compile_mode="default", cache_dir=tmp_path
     )
-    atoms.get_forces()
-    assert atoms.calc.compile_stats["from_cache"] == 1
+    atoms = bulk("Cu", cubic=True).repeat(2)
+    atoms.calc = calculator
+    (result,) = calculator.evaluate_many([atoms])
+    np.testing.assert_allclose(result["forces"], atoms.get_forces(), rtol=1e-5, atol=1e-5)
+    assert calculator.compile_stats["from_cache"] == 1
+    assert calculator.batch_compile_stats["from_cache"] == 1
     main(["cache", "clear", "--cache-dir", str(tmp_path)])
-    assert "removed 2 entries" in capsys.readouterr().out
+    assert "removed 3 entries" in capsys.readouterr().out
 
 
 def screen_input(folder) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,34 @@ def test_a_loaded_entry_puts_back_the_kernels_its_first_process_made(tmp_path, m
     runner = GraphRunner(with_a_kernel, "default", CompileCache(tmp_path / "cache"), lambda: key)
     runner(*inputs)
     assert runner.stats["from_cache"] == 1 and runner.stats["compilations"] == 0
+    assert files(triton) == made
+
+
+def test_a_graph_compiled_after_another_carries_the_kernels_they_share(tmp_path, monkeypatch):
+    """A process compiles two graphs (the single and the batched function, say) that share
+    a kernel, made while the first compiled: the second's entry carries it too, so that a
+    process loading only the second finds it."""
+    triton = tmp_path / "triton"
+    monkeypatch.setattr(tracing, "kernel_folder", lambda device: KernelFolder(triton, True))
+    monkeypatch.setattr(tracing, "_KERNELS_BEFORE", {})
+
+    def with_a_kernel(*inputs):
+        if not (triton / "SHARED").exists():
+            kernel(triton, "SHARED", b"\x7fELF kernel")
+        return morse_efs(*inputs)
+
+    cache = CompileCache(tmp_path / "cache")
+    keys = [CacheKey.create("morse-shared", torch.device("cpu"), torch.float64, "float32",
+                            "default", graph) for graph in ("single", "batch")]
+    inputs = graph_inputs(crystal((2, 2, 2)))
+    for key in keys:
+        GraphRunner(with_a_kernel, "default", cache, partial(lambda k: k, key))(*inputs)
+    made = files(triton)
+    shutil.rmtree(triton)
+    monkeypatch.setattr(tracing, "_KERNELS_BEFORE", {})  # another process
+    runner = GraphRunner(with_a_kernel, "default", cache, partial(lambda k: k, keys[1]))
+    runner(*inputs)
+    assert runner.stats["from_cache"] == 1
     assert files(triton) == made
 
 

@@ -192,12 +192,6 @@ class CompiledPETCalculator(TorchCalculator):
         # (numbers on the device, padded atoms, padded species there, species on the host)
         self._species_cache: tuple[torch.Tensor, int, torch.Tensor, np.ndarray] | None = None
 
-    @property
-    def compile_stats(self) -> dict[str, int]:
-        """``{"compilations", "cuda_graphs", "recompiles", "from_cache"}`` (see
-        :attr:`fastcalc.tracing.GraphRunner.stats`)."""
-        return self._runner.stats
-
     def model_digest(self) -> str:
         """Digest of the core's weights and hyper-parameters (names its compiled code)."""
         return tensors_digest(self.core.state_dict(), self.core.hypers)

@@ -201,12 +201,6 @@ class BucketedCalculator(TorchCalculator):
         edges = atoms * min(neighbors, core.max_neighbors)
         return edges * per_edge * self.dtype.itemsize
 
-    @property
-    def compile_stats(self) -> dict[str, int]:
-        """``{"compilations", "cuda_graphs", "recompiles", "from_cache"}`` (see
-        :attr:`fastcalc.tracing.GraphRunner.stats`)."""
-        return self._runner.stats
-
     def model_digest(self) -> str:
         """Digest of the checkpoint's weights (experts unmerged) and hyper-parameters,
         whatever composition the merged weights hold now (names its compiled code)."""
