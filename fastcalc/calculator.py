@@ -31,6 +31,7 @@ from ase.data import chemical_symbols
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from .buckets import PaddedEdges, pad_edges, padding_cell, padding_shift
+from .changes import system_changes
 from .geometry import energy_forces_stress
 from .compile_cache import CacheKey, CompileCache
 from .neighbors import HostGeometry, NeighborOverflowError, VerletNeighborList, estimate_crowding
@@ -51,9 +52,6 @@ __all__ = [
     "resolve_device",
     "to_host",
 ]
-
-#: ``atoms.info`` keys that change a model's result without changing the Atoms.
-INFO_KEYS = ("charge", "spin", "spin_multiplicity")
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -616,13 +614,9 @@ class TorchCalculator(Calculator):
         return volume
 
     def check_state(self, atoms: Atoms, tol: float = 1e-15) -> list[str]:
-        """ASE's changes, plus ``"info"`` when charge or spin in ``atoms.info`` changed."""
-        changes = super().check_state(atoms, tol)
-        if self.atoms is not None and any(
-            self.atoms.info.get(key) != atoms.info.get(key) for key in INFO_KEYS
-        ):
-            changes.append("info")
-        return changes
+        """ASE's changes, plus ``"info"`` when charge or spin in ``atoms.info`` changed
+        (:func:`fastcalc.changes.system_changes`)."""
+        return system_changes(self.atoms, atoms, tol, self.ignored_changes)
 
     def calculate(
         self,
