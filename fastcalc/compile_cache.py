@@ -6,8 +6,8 @@ reads, and torch's ``aot_compile`` artifact of dynamo's and inductor's output), 
 with torch's compile artifacts of that compilation (``torch.compiler.save_cache_artifacts``:
 inductor's code and its compiled kernels) and the kernels' machine code its compilation
 and first call made (:mod:`fastcalc.kernel_bundle`: Triton's on CUDA, inductor's C++
-libraries on the CPU). A later process on a machine with the same
-software and device loads both and calls the compiled code without tracing or compiling.
+libraries on the CPU). A later process on a machine with the same software and device
+loads both and calls the compiled code without tracing, compiling or building kernels.
 This works across machines that share the folder (a job array over nodes), where
 torch's own caches in ``/tmp`` do not.
 
@@ -225,9 +225,9 @@ class CompileCache:
 
     def store(self, key: CacheKey, saved: SavedGraph, kernels: bytes = b"") -> Path | None:
         """Write ``saved``, what torch compiled in this process and ``kernels`` (their
-        machine code, :meth:`fastcalc.kernel_bundle.KernelFolder.pack`) as the entry of ``key`` (atomically:
-        a temporary file renamed into place); None when the folder cannot be written
-        (reported in one warning: the model runs regardless)."""
+        machine code, :meth:`fastcalc.kernel_bundle.KernelFolder.pack`) as the entry of
+        ``key`` (atomically: a temporary file renamed into place); None when the folder
+        cannot be written (reported in one warning: the model runs regardless)."""
         artifacts = torch.compiler.save_cache_artifacts()
         artifacts = artifacts[0] if artifacts is not None else b""
         payload = saved.compiled + artifacts + kernels
@@ -296,8 +296,8 @@ def write_atomically(path: Path, data: bytes, what: str) -> bool:
 
 
 def _read(path: Path) -> tuple[dict, SavedGraph, bytes, bytes]:
-    """The key, saved graph, torch compile artifacts and kernels' machine code of an entry file;
-    ValueError if it is damaged."""
+    """The key, saved graph, torch compile artifacts and kernels' machine code of an entry
+    file; ValueError if it is damaged."""
     data = path.read_bytes()
     if not data.startswith(_MAGIC):
         raise ValueError("not a fastcalc compile cache file")
