@@ -66,6 +66,8 @@ def use_torchs_ptxas() -> None:
 #: Compilation stages a Triton kernel folder keeps that a cache hit does not load.
 _STAGES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
 _GROUP = "__grp__"
+#: Prefix of the folders :meth:`KernelFolder.unpack` stages kernels in (not kernels).
+_STAGING = ".fastcalc-"
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class KernelFolder:
         if not self.path.is_dir():
             return set()
         if self.triton:
-            return {entry.name for entry in os.scandir(self.path) if entry.is_dir()}
+            return {entry.name for entry in os.scandir(self.path)
+                    if entry.is_dir() and not entry.name.startswith(_STAGING)}
         return {path.relative_to(self.path).as_posix() for path in self.path.glob("*/*.so")}
 
     def pack(self, before: set[str]) -> bytes:
@@ -114,7 +117,7 @@ class KernelFolder:
         present = self.listing()
         placed = 0
         with tarfile.open(fileobj=io.BytesIO(data)) as archive, \
-                tempfile.TemporaryDirectory(dir=self.path, prefix=".fastcalc-") as staging:
+                tempfile.TemporaryDirectory(dir=self.path, prefix=_STAGING) as staging:
             archive.extractall(staging, filter="data")
             for name in sorted(KernelFolder(Path(staging), self.triton).listing() - present):
                 staged, final = Path(staging) / name, self.path / name

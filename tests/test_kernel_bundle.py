@@ -78,6 +78,12 @@ def test_a_kernel_put_back_in_another_cache_folder_is_a_hit_for_triton(tmp_path,
     assert Path(found["k.cubin"]).read_bytes() == stages["cubin"]
 
 
+def test_another_process_s_staging_folder_is_not_a_kernel(tmp_path):
+    kernel(tmp_path, "KERNEL", b"\x7fELF")
+    kernel(tmp_path, ".fastcalc-staging", b"\x7fELF being put back")
+    assert KernelFolder(tmp_path, triton=True).listing() == {"KERNEL"}
+
+
 def library(folder, name: str, payload: bytes) -> None:
     """A C++ kernel as inductor builds one: source and shared library in a sub-folder
     named by the first characters of its hash."""
