@@ -349,7 +349,7 @@ class GraphRunner:
             outputs = self._run(*inputs)
         self._compilations += compiled_graphs() - before
         if saved is not None:
-            self.cache.store(key, saved, kernels.pack(_KERNELS_BEFORE[kernels]))
+            self._store(key, saved, kernels)
         _log.info(
             "fastcalc: first compiled call %.1f s: disk cache %.1f s (%s), tracing %.1f s, "
             "compiling and running %.1f s",
@@ -359,6 +359,19 @@ class GraphRunner:
             traced - found, time.perf_counter() - traced,
         )
         return outputs
+
+    def _store(self, key: CacheKey, saved: SavedGraph, kernels: KernelFolder) -> None:
+        """Store ``saved`` with the kernels this process made (:data:`_KERNELS_BEFORE`); a
+        failure (of torch's experimental artifacts, say) is reported in one warning, since
+        the model has run and runs on regardless."""
+        try:
+            self.cache.store(key, saved, kernels.pack(_KERNELS_BEFORE[kernels]))
+        except Exception as error:
+            warnings.warn(
+                f"fastcalc: the compiled model cannot be stored ({error!r}); it runs "
+                "regardless, and the next process compiles it again",
+                stacklevel=5,
+            )
 
     def _compile(
         self, graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], key: CacheKey | None

@@ -170,6 +170,24 @@ def test_a_graph_compiled_after_another_carries_the_kernels_they_share(tmp_path,
     assert files(triton) == made
 
 
+def test_kernels_that_cannot_be_packed_leave_the_first_call_right(tmp_path, monkeypatch):
+    """Storing is not the user's result: a failure while storing is one warning, the first
+    call's results are the eager ones, and nothing half-stored is left."""
+    def unreadable(self, before):
+        raise PermissionError("a kernel file cannot be read")
+
+    monkeypatch.setattr(KernelFolder, "pack", unreadable)
+    key = CacheKey.create("morse-unpacked", torch.device("cpu"), torch.float64, "float32",
+                          "default")
+    inputs = graph_inputs(crystal((2, 2, 2)))
+    cache = CompileCache(tmp_path / "cache")
+    with pytest.warns(UserWarning, match="cannot be stored .*cannot be read"):
+        outputs = GraphRunner(morse_efs, "default", cache, lambda: key)(*inputs)
+    for ours, reference in zip(outputs, morse_efs(*inputs), strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-10, atol=1e-12)
+    assert cache.entries() == []
+
+
 def fake_torch_with_ptxas(tmp_path, monkeypatch) -> Path:
     """torch's install folder moved to ``tmp_path``, with an executable ``bin/ptxas``."""
     ptxas = tmp_path / "bin" / "ptxas"
