@@ -24,15 +24,11 @@ def changed(how) -> Atoms:
     return atoms
 
 
-def with_array(name: str, values: np.ndarray):
-    return lambda atoms: atoms.set_array(name, values)
-
-
 EDITS = {
     "nothing": lambda atoms: None,
     "one position": lambda atoms: atoms.positions.__setitem__((0, 0), 1.0),
     "a position within tol": lambda atoms: atoms.positions.__setitem__(
-        (0, 0), atoms.positions[0, 0] + 1e-16),
+        (0, 0), atoms.positions[0, 0] + 1e-16),  # near the origin: a different float
     "a NaN position": lambda atoms: atoms.positions.__setitem__((1, 2), np.nan),
     "the cell": lambda atoms: atoms.set_cell(atoms.cell * 1.01),
     "pbc": lambda atoms: atoms.set_pbc([True, True, False]),
@@ -41,7 +37,7 @@ EDITS = {
     "magnetic moments added": lambda atoms: atoms.set_initial_magnetic_moments([1.0] * 8),
     "charges added": lambda atoms: atoms.set_initial_charges([0.1] * 8),
     "momenta added (not compared)": lambda atoms: atoms.set_momenta(np.ones((8, 3))),
-    "tags (not compared)": with_array("tags", np.arange(8)),
+    "tags (not compared)": lambda atoms: atoms.set_tags(np.arange(8)),
 }
 
 
