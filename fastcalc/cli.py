@@ -219,8 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     compile_.add_argument("--task", help="UMA task (dataset head), e.g. omat or omol")
     compile_.add_argument("--batched", action="store_true",
                           help="also compile the function that evaluates batches of "
-                               "structures (evaluate_many, relax_many, fastcalc screen "
-                               "without --workers): a second compilation")
+                               "structures (evaluate_many, relax_many, fastcalc screen): "
+                               "a second compilation")
     compile_.add_argument("--cache-dir", type=Path, metavar="FOLDER",
                           help="the cache folder (default: $FASTCALC_CACHE_DIR or "
                                "~/.cache/fastcalc)")

@@ -1,10 +1,10 @@
 """Screening many structures: evaluate or relax each with a model, keeping every result.
 
 :func:`screen` takes structures one at a time, hands each to :func:`screen_structure`
-(in this process, or on Ray actors that each hold one calculator; in this process, a
-calculator that evaluates batches takes many structures per model call instead: through
-``evaluate_many``, and for relaxations through :func:`fastcalc.relax.irelax`, step for
-step the same FIRE) and appends each
+(in this process, or on Ray actors that each hold one calculator; a calculator that
+evaluates batches takes many structures per model call instead, in runs of
+:data:`SCREEN_BATCH_ATOMS` atoms: through ``evaluate_many``, and for relaxations through
+:func:`fastcalc.relax.irelax`, step for step the same FIRE) and appends each
 result to an extended XYZ file as soon as it finishes, flushed, tagged with its input index
 (``info["screen_index"]``). A run that is killed keeps what it wrote, and
 ``resume=True`` does only the indices the file lacks. A structure the model cannot
@@ -56,12 +56,13 @@ OUTPUT_SUFFIXES = (".extxyz", ".xyz")
 #: stops the run, since it would most likely fail every structure the same way.
 STRUCTURE_ERRORS: tuple[type[Exception], ...] = (InvalidAtomsError,)
 
-#: Structures queued on each Ray actor: one running and one waiting, so that an actor
-#: never idles while the driver writes a result and sends the next structure.
+#: Runs of structures queued on each Ray actor: one running and one waiting, so that an
+#: actor never idles while the driver writes results and sends the next run.
 QUEUED_PER_WORKER = 2
 
-#: Atoms per ``evaluate_many`` call when a screen in this process evaluates structures
-#: in batches: results are written when their batch finishes.
+#: Atoms per ``evaluate_many`` call (and per run sent to a Ray actor) when a screen's
+#: calculator evaluates structures in batches: results are written when their batch
+#: finishes.
 SCREEN_BATCH_ATOMS = 2048
 
 #: ``info`` and ``arrays`` keys of an input structure that would clash with the results
@@ -254,14 +255,29 @@ def _serial(
     work: Work,
     relax: tuple[float, int] | None = None,
 ) -> Iterator[Atoms]:
-    """Results of ``todo`` with one calculator in this process, in input order. A
-    calculator that evaluates batches (UMA's, PET's) evaluates runs of
-    :data:`SCREEN_BATCH_ATOMS` atoms per ``evaluate_many`` call and, given ``relax``
-    (fmax, max_steps), relaxes in batches (:func:`fastcalc.relax.irelax`), results in the
-    order they finish. Others go one at a time: their ``evaluate_many`` would loop anyway,
-    and alternating structures would redo the neighbour search at every step."""
-    calculator = calculator_factory()
-    if relax is not None and getattr(calculator, "evaluates_batches", False):
+    """Results of ``todo`` with one calculator, built in this process (see
+    :func:`_results`)."""
+    yield from _results(todo, calculator_factory(), work, relax)
+
+
+def _batches(calculator: Calculator) -> bool:
+    """Whether ``calculator`` evaluates structures in batches (UMA's, PET's)."""
+    return getattr(calculator, "evaluates_batches", False)
+
+
+def _results(
+    todo: Iterator[tuple[int, Atoms]],
+    calculator: Calculator,
+    work: Work,
+    relax: tuple[float, int] | None = None,
+) -> Iterator[Atoms]:
+    """Results of ``todo`` with ``calculator``, in input order. A calculator that
+    evaluates batches evaluates runs of :data:`SCREEN_BATCH_ATOMS` atoms per
+    ``evaluate_many`` call and, given ``relax`` (fmax, max_steps), relaxes in batches
+    (:func:`fastcalc.relax.irelax`), results in the order they finish. Others go one at
+    a time: their ``evaluate_many`` would loop anyway, and alternating structures would
+    redo the neighbour search at every step."""
+    if relax is not None and _batches(calculator):
         indices = []
 
         def structures() -> Iterator[Atoms]:
@@ -276,7 +292,7 @@ def _serial(
             result.info["screen_index"] = indices[position]
             yield result
         return
-    if relax is None and getattr(calculator, "evaluates_batches", False):
+    if relax is None and _batches(calculator):
         for batch in atom_chunks(todo, lambda item: len(item[1]), SCREEN_BATCH_ATOMS):
             entries = calculator.evaluate_many([atoms for _, atoms in batch])
             for (index, atoms), entry in zip(batch, entries):
@@ -304,23 +320,29 @@ def _evaluated_result(atoms: Atoms, entry: dict[str, Any]) -> Atoms:
 class _Worker:
     """A Ray actor's state: one calculator, built once, and the work done with it."""
 
-    def __init__(self, calculator_factory: Callable[[], Calculator], work: Work) -> None:
+    def __init__(
+        self,
+        calculator_factory: Callable[[], Calculator],
+        work: Work,
+        relax: tuple[float, int] | None,
+    ) -> None:
         self.work = work
+        self.relax = relax
         self.error: Exception | None = None
         try:
             self.calculator = calculator_factory()
         except Exception as error:  # handed to the driver, which raises it as it is
             self.error = error
 
-    def ready(self) -> Exception | None:
-        """None once the calculator is built, else the exception that building it raised."""
-        return self.error
+    def ready(self) -> tuple[Exception | None, bool]:
+        """(None, whether the calculator evaluates batches) once it is built, else (the
+        exception that building it raised, False)."""
+        return self.error, self.error is None and _batches(self.calculator)
 
-    def run(self, index: int, atoms: Atoms) -> Atoms:
-        """The result of the structure with input index ``index``."""
-        result = self.work(self.calculator, atoms)
-        result.info["screen_index"] = index
-        return result
+    def run(self, items: list[tuple[int, Atoms]]) -> list[Atoms]:
+        """The results of ``items`` (input index, structure), as :func:`_results` gives
+        them."""
+        return list(_results(iter(items), self.calculator, self.work, self.relax))
 
 
 def _on_ray(
@@ -329,11 +351,15 @@ def _on_ray(
     work: Work,
     workers: int,
     gpus_per_worker: float,
+    relax: tuple[float, int] | None = None,
 ) -> Iterator[Atoms]:
     """Results of ``todo`` from ``workers`` Ray actors, each with its own calculator (and
-    ``gpus_per_worker`` GPUs), in the order they finish. Uses the running Ray cluster, or
-    starts a local one for the run. A worker that dies loses the structures it holds; the
-    others go on, and :class:`WorkerDiedError` names the lost ones at the end."""
+    ``gpus_per_worker`` GPUs), in the order they finish. Each actor is sent runs of
+    structures: of :data:`SCREEN_BATCH_ATOMS` atoms for a calculator that evaluates
+    batches, which it evaluates (or, given ``relax``, relaxes) as :func:`_results` does,
+    else of one structure. Uses the running Ray cluster, or starts a local one for the
+    run. A worker that dies loses the structures it holds; the others go on, and
+    :class:`WorkerDiedError` names the lost ones at the end."""
     ray = _ray()
     started = not ray.is_initialized()
     if started:
@@ -348,16 +374,19 @@ def _on_ray(
                     f"{each:g}); the Ray cluster has {resources.get(kind, 0):g}"
                 )
         actor_class = ray.remote(_Worker).options(num_cpus=1, num_gpus=gpus_per_worker)
-        actors = [actor_class.remote(calculator_factory, work) for _ in range(workers)]
-        for error in ray.get([actor.ready.remote() for actor in actors]):
+        actors = [actor_class.remote(calculator_factory, work, relax) for _ in range(workers)]
+        states = ray.get([actor.ready.remote() for actor in actors])
+        for error, _ in states:
             if error is not None:
                 raise error
-        running: dict[Any, tuple[Any, int]] = {}  # result reference: (actor, input index)
+        run_atoms = SCREEN_BATCH_ATOMS if states[0][1] else 0  # 0: one structure per run
+        runs = atom_chunks(todo, lambda item: len(item[1]), run_atoms)
+        running: dict[Any, tuple[Any, list[int]]] = {}  # result reference: (actor, indices)
 
         def feed(actor: Any) -> None:
-            item = next(todo, None)
-            if item is not None:
-                running[actor.run.remote(*item)] = (actor, item[0])
+            run = next(runs, None)
+            if run is not None:
+                running[actor.run.remote(run)] = (actor, [index for index, _ in run])
 
         for actor in actors:
             for _ in range(QUEUED_PER_WORKER):
@@ -366,16 +395,16 @@ def _on_ray(
         lost: list[int] = []
         while running:
             [finished], _ = ray.wait(list(running), num_returns=1)
-            actor, index = running.pop(finished)
+            actor, indices = running.pop(finished)
             try:
-                result = ray.get(finished)
+                results = ray.get(finished)
             except ray.exceptions.RayActorError:
                 dead.add(id(actor))
-                lost.append(index)
+                lost += indices
                 continue
             if id(actor) not in dead:
                 feed(actor)  # before the driver writes, so that the actor keeps working
-            yield result
+            yield from results
         if lost:
             numbers = ", ".join(map(str, sorted(lost)))
             raise WorkerDiedError(
@@ -414,10 +443,10 @@ def screen(
     appending each result to the extended XYZ file ``out`` as it finishes.
 
     Each frame carries its position in ``structures`` as ``info["screen_index"]``; results
-    of several workers come in the order they finish. Without workers, a relaxation with a
-    calculator that evaluates batches (``evaluates_batches``: UMA, PET) runs many at once
-    (:func:`fastcalc.relax.irelax`, the same FIRE), its results in the order they finish
-    too. ``calculator_factory()`` builds a
+    of several workers come in the order they finish. A calculator that evaluates batches
+    (``evaluates_batches``: UMA, PET) evaluates runs of :data:`SCREEN_BATCH_ATOMS` atoms
+    per model call, and relaxes them many at once (:func:`fastcalc.relax.irelax`, the same
+    FIRE), their results in the order they finish too; each worker takes such runs. ``calculator_factory()`` builds a
     calculator: once in this process (``workers=None``), or once in each of ``workers`` Ray
     actors (each with one CPU and ``gpus_per_worker`` GPUs; the factory must pickle). An
     existing ``out`` is refused unless ``resume``, which skips the indices it holds. A
@@ -439,11 +468,11 @@ def screen(
                 yield index, atoms
 
     work = partial(screen_structure, relax=relax, fmax=fmax, max_steps=max_steps)
+    batched = (fmax, max_steps) if relax else None
     if workers is None:
-        batched = (fmax, max_steps) if relax else None
         results = _serial(todo(), calculator_factory, work, batched)
     else:
-        results = _on_ray(todo(), calculator_factory, work, workers, gpus_per_worker)
+        results = _on_ray(todo(), calculator_factory, work, workers, gpus_per_worker, batched)
     total = len(set(range(len(structures))) - done) if isinstance(structures, Sized) else None
     counts = {"done": 0, "failed": 0}
     start = time.perf_counter()

@@ -261,6 +261,28 @@ def test_two_ray_workers_give_the_serial_results(ray_cluster, tmp_path):
         assert_results_equal(on_ray[index], serial[index])
 
 
+def test_a_ray_worker_evaluates_runs_of_structures_with_a_batching_calculator(ray_cluster,
+                                                                              tmp_path):
+    """A calculator that evaluates batches gets the structures a worker is sent in one
+    ``evaluate_many`` call (here one that reports each call's size as the energy)."""
+    def counting_batches():  # defined here, so that Ray sends it to the workers by value
+        class CountingBatches(EMT):
+            evaluates_batches = True
+
+            def evaluate_many(self, structures):
+                return [{"energy": float(len(structures)), "forces": np.zeros((len(a), 3)),
+                         "stress": np.zeros(6)} for a in structures]
+
+        return CountingBatches()
+
+    inputs = [*structures(), copper(1, 7), copper((2, 1, 1), 8)]  # 60 atoms: one run
+    summary = screen(inputs, counting_batches, tmp_path / "out.extxyz", workers=2,
+                     progress=False)
+    assert summary.done == 6
+    frames = by_index(tmp_path / "out.extxyz")
+    assert [frames[index].get_potential_energy() for index in range(6)] == [6.0] * 6
+
+
 def test_a_dead_worker_loses_only_what_it_held_and_a_resume_does_that(ray_cluster, tmp_path):
     def crashing_emt():  # defined here, so that Ray sends it to the workers by value
         class Crashing(EMT):
