@@ -23,7 +23,7 @@ INFO_KEYS = ("charge", "spin", "spin_multiplicity")
 
 
 def _same(a: object, b: object, tol: float) -> bool:
-    return (np.shape(a) == np.shape(b) and np.array_equal(a, b)) or equal(a, b, atol=tol)
+    return np.array_equal(a, b) or equal(a, b, atol=tol)
 
 
 def system_changes(
