@@ -388,8 +388,8 @@ def _on_ray(
             if run is not None:
                 running[actor.run.remote(run)] = (actor, [index for index, _ in run])
 
-        for actor in actors:
-            for _ in range(QUEUED_PER_WORKER):
+        for _ in range(QUEUED_PER_WORKER):  # round by round: a short screen reaches all
+            for actor in actors:
                 feed(actor)
         dead: set[int] = set()  # id() of the dead actors, whose handles stay in ``actors``
         lost: list[int] = []

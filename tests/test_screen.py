@@ -283,6 +283,28 @@ def test_a_ray_worker_evaluates_runs_of_structures_with_a_batching_calculator(ra
     assert [frames[index].get_potential_energy() for index in range(6)] == [6.0] * 6
 
 
+def test_each_ray_worker_is_sent_a_run_before_any_gets_a_second(ray_cluster, tmp_path,
+                                                                monkeypatch):
+    """Two runs of structures go to two workers, not both to the first (here each
+    worker reports its process as the energy)."""
+    def reporting_process():  # defined here, so that Ray sends it to the workers by value
+        class ReportingProcess(EMT):
+            evaluates_batches = True
+
+            def evaluate_many(self, structures):
+                return [{"energy": float(os.getpid()), "forces": np.zeros((len(a), 3)),
+                         "stress": np.zeros(6)} for a in structures]
+
+        return ReportingProcess()
+
+    monkeypatch.setattr("fastcalc.screen.SCREEN_BATCH_ATOMS", 32)
+    inputs = [copper(2, 0), copper(2, 1)]  # 32 atoms each: two runs
+    screen(inputs, reporting_process, tmp_path / "out.extxyz", workers=2, progress=False)
+    frames = by_index(tmp_path / "out.extxyz")
+    processes = {frames[index].get_potential_energy() for index in range(2)}
+    assert len(processes) == 2 and os.getpid() not in processes
+
+
 def test_a_dead_worker_loses_only_what_it_held_and_a_resume_does_that(ray_cluster, tmp_path):
     def crashing_emt():  # defined here, so that Ray sends it to the workers by value
         class Crashing(EMT):
