@@ -446,10 +446,11 @@ def screen(
     of several workers come in the order they finish. A calculator that evaluates batches
     (``evaluates_batches``: UMA, PET) evaluates runs of :data:`SCREEN_BATCH_ATOMS` atoms
     per model call, and relaxes them many at once (:func:`fastcalc.relax.irelax`, the same
-    FIRE), their results in the order they finish too; each worker takes such runs. ``calculator_factory()`` builds a
-    calculator: once in this process (``workers=None``), or once in each of ``workers`` Ray
-    actors (each with one CPU and ``gpus_per_worker`` GPUs; the factory must pickle). An
-    existing ``out`` is refused unless ``resume``, which skips the indices it holds. A
+    FIRE), their results in the order they finish too; each worker takes such runs.
+    ``calculator_factory()`` builds a calculator: once in this process (``workers=None``),
+    or once in each of ``workers`` Ray actors (each with one CPU and ``gpus_per_worker``
+    GPUs; the factory must pickle). An existing ``out`` is refused unless ``resume``,
+    which skips the indices it holds. A
     progress bar shows structures per second unless ``progress`` is False. Raises
     :class:`ScreenSetupError` before any model loads if the screen cannot start
     (:func:`check_screen`), and :class:`WorkerDiedError` at the end if a worker died.
