@@ -11,17 +11,26 @@ synchronisations one call makes (torch.profiler). Same models as ``fastcalc benc
     python benchmarks/profile_phases.py uma --kernels --precision tf32 --sizes 1008
     python benchmarks/profile_phases.py uma --kernels --sizes 1008 --snapshot uma.pickle
     python benchmarks/profile_phases.py uma fairchem --kernels --sizes 1008
+    python benchmarks/profile_phases.py pet --many 256 --precision tf32
 
 ``uma fairchem`` profiles fastcalc's and fairchem's calculators on the same random
 UMA-S-shaped checkpoint in one process (fairchem: its ``high-precision`` preset, or
 ``multigpu`` with ``--precision tf32``, as ``fastcalc bench`` runs them), so that their
 kernel families can be compared side by side; fairchem takes ``--kernels`` only.
+
+``--many N`` times ``evaluate_many`` over N rattled 64-atom copper cells (the throughput
+workload's first set) instead: a pass unsynchronised, its phases synchronised (building
+the batch with its neighbour search; evaluating it, layout and compiled graph included;
+the compiled graph), the device's kernel time per pass, so that the time the device
+waits for the host shows, and Python's profile of one pass.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import pstats
 import statistics
 import sys
 import tempfile
@@ -40,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from fastcalc.bench import copper  # noqa: E402
 from fastcalc.precision import PRECISIONS  # noqa: E402
 from fastcalc.bench.suite import PET_S, uma_contest  # noqa: E402
+from fastcalc.bench.throughput import throughput_sets  # noqa: E402
 from fastcalc.bench.upstream import export_pet  # noqa: E402
 
 
@@ -161,6 +171,54 @@ def profile(calc: Calculator, timer: PhaseTimer, natoms: int, calls: int) -> Non
     print(events.table(sort_by="self_cpu_time_total", row_limit=18))
 
 
+def many(calc: Calculator, count: int, max_atoms: int, passes: int = 5) -> None:
+    """Phases of ``calc.evaluate_many`` over ``count`` 64-atom copper cells, in batches of
+    at most ``max_atoms`` atoms."""
+    structures = next(iter(throughput_sets().values()))[:count]
+    start = time.perf_counter()
+    for _ in range(2):
+        calc.evaluate_many(structures, max_atoms=max_atoms)
+    print(f"\n== evaluate_many, {count} x 64 atoms: warm-up {time.perf_counter() - start:.1f} s")
+
+    def timed_pass() -> float:
+        _sync()
+        start = time.perf_counter()
+        calc.evaluate_many(structures, max_atoms=max_atoms)
+        _sync()
+        return time.perf_counter() - start
+
+    plain = statistics.median(timed_pass() for _ in range(passes))
+    timer = PhaseTimer()
+    patched = {
+        "_batch_system": calc._batch_system, "evaluate_batch": calc.evaluate_batch,
+        "_batch_runner": calc._batch_runner,
+    }
+    for attribute in patched:
+        timer.patch(calc, attribute)
+    timer.enabled = True
+    synced = statistics.median(timed_pass() for _ in range(passes))
+    timer.enabled = False
+    for attribute, original in patched.items():
+        setattr(calc, attribute, original)
+    print(f"pass, unsynchronised: {plain * 1e3:8.2f} ms ({count / plain:.0f} structures/s)")
+    print(f"pass, synchronised phases: {synced * 1e3:8.2f} ms")
+    for name, values in timer.times.items():
+        print(f"  {name:24s} {sum(values) / passes * 1e3:8.2f} ms/pass "
+              f"({len(values) / passes:.1f} calls)")
+    with torch.profiler.profile() as prof:
+        calc.evaluate_many(structures, max_atoms=max_atoms)
+        _sync()
+    busy = sum(e.self_device_time_total for e in prof.key_averages()
+               if e.device_type == DeviceType.CUDA) / 1e3
+    print(f"device kernels per pass: {busy:8.2f} ms (of {plain * 1e3:.2f} ms unsynchronised)")
+    print(kernel_summary(prof.key_averages(), calls=1))
+    profiler = cProfile.Profile()
+    profiler.runcall(calc.evaluate_many, structures, max_atoms=max_atoms)
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats("fastcalc", 30)
+
+
 def pet(device: str, mode: str | None, precision: str) -> tuple[Calculator, PhaseTimer]:
     import fastcalc.pet.calculator as module
 
@@ -208,6 +266,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--kernels", action="store_true", help="list device kernels instead")
     parser.add_argument("--precision", choices=PRECISIONS, default="float32")
+    parser.add_argument("--many", type=int, metavar="N",
+                        help="profile evaluate_many over N 64-atom cells instead")
+    parser.add_argument("--max-atoms", type=int, default=8192,
+                        help="with --many: atoms per batch (default: 8192)")
     parser.add_argument("--snapshot", type=Path, metavar="FILE",
                         help="with --kernels: write a CUDA memory snapshot of one call")
     args = parser.parse_args()
@@ -220,6 +282,9 @@ def main() -> None:
     else:  # the UMA-S-shaped checkpoint and fairchem contenders of ``fastcalc bench uma``
         contest = uma_contest(Path(tempfile.mkdtemp()), args.device, small=False)
         calc, timer = uma(args.device, mode, args.precision, contest.path)
+    if args.many:
+        many(calc, args.many, args.max_atoms)
+        return
     for natoms in args.sizes:
         if args.kernels:
             print(f"\n#### fastcalc, {natoms} atoms")
