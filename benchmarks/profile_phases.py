@@ -189,17 +189,11 @@ def many(calc: Calculator, count: int, max_atoms: int, passes: int = 5) -> None:
 
     plain = statistics.median(timed_pass() for _ in range(passes))
     timer = PhaseTimer()
-    patched = {
-        "_batch_system": calc._batch_system, "evaluate_batch": calc.evaluate_batch,
-        "_batch_runner": calc._batch_runner,
-    }
-    for attribute in patched:
+    for attribute in ("_batch_system", "evaluate_batch", "_batch_runner"):
         timer.patch(calc, attribute)
     timer.enabled = True
     synced = statistics.median(timed_pass() for _ in range(passes))
     timer.enabled = False
-    for attribute, original in patched.items():
-        setattr(calc, attribute, original)
     print(f"pass, unsynchronised: {plain * 1e3:8.2f} ms ({count / plain:.0f} structures/s)")
     print(f"pass, synchronised phases: {synced * 1e3:8.2f} ms")
     for name, values in timer.times.items():
@@ -208,9 +202,7 @@ def many(calc: Calculator, count: int, max_atoms: int, passes: int = 5) -> None:
     with torch.profiler.profile() as prof:
         calc.evaluate_many(structures, max_atoms=max_atoms)
         _sync()
-    busy = sum(e.self_device_time_total for e in prof.key_averages()
-               if e.device_type == DeviceType.CUDA) / 1e3
-    print(f"device kernels per pass: {busy:8.2f} ms (of {plain * 1e3:.2f} ms unsynchronised)")
+    print("device kernels of one pass (a \"call\" below is the whole pass):")
     print(kernel_summary(prof.key_averages(), calls=1))
     profiler = cProfile.Profile()
     profiler.runcall(calc.evaluate_many, structures, max_atoms=max_atoms)
