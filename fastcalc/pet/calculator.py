@@ -191,6 +191,8 @@ class CompiledPETCalculator(TorchCalculator):
         self._states: dict[tuple[int, int], torch.Tensor] = {}
         # (numbers on the device, padded atoms, padded species there, species on the host)
         self._species_cache: tuple[torch.Tensor, int, torch.Tensor, np.ndarray] | None = None
+        # the largest kept count per atom of the last batch: the next batch's layout width
+        self._batch_width: int | None = None
 
     def model_digest(self) -> str:
         """Digest of the core's weights and hyper-parameters (names its compiled code)."""
@@ -241,16 +243,17 @@ class CompiledPETCalculator(TorchCalculator):
     @staticmethod
     def _fitted(
         run: Callable[[Topology], list[np.ndarray]], topology: Topology
-    ) -> tuple[Topology, list[np.ndarray]]:
+    ) -> tuple[Topology, int, list[np.ndarray]]:
         """``run(topology)`` (the graph's outputs on the host, its layout status first),
         redone wider while an atom keeps more neighbours than the layout has slots (it
-        gained some since the width was sized); the topology that fitted, and the outputs."""
+        gained some since the width was sized); the topology that fitted, the largest
+        kept count per atom, and the outputs."""
         while True:
             (needed, symmetric), *outputs = run(topology)
             if not symmetric:
                 raise RuntimeError("PET kept an edge but not its reverse; please report this")
             if needed <= topology.shape.width:
-                return topology, outputs
+                return topology, int(needed), outputs
             topology = topology.widened(int(needed))
 
     def evaluate(self, system: System) -> Result:
@@ -276,7 +279,7 @@ class CompiledPETCalculator(TorchCalculator):
             # one copy to the host (waits for the device), detached from graph buffers
             return to_host(status, energies[:n], forces[:n], virial)
 
-        self._topology, (energies, forces, virial) = self._fitted(run, topology)
+        self._topology, _, (energies, forces, virial) = self._fitted(run, topology)
         result = apply_reference(
             self.reference, host_species, energies, forces,
             virial if system.compute_stress else None,
@@ -294,7 +297,10 @@ class CompiledPETCalculator(TorchCalculator):
         """The systems of ``system`` in one layout and one call of the batch graph
         (compiled once for every batch shape). Atoms, slots and candidate pairs are padded
         as in :meth:`evaluate`, systems with empty ones (:func:`fastcalc.buckets.pad_systems`);
-        padded atoms belong to system 0, with no neighbours and no energy."""
+        padded atoms belong to system 0, with no neighbours and no energy. The layout is
+        as wide as the last batch needed (the first batch's width is solved on the host),
+        and a batch that needs more is run again wider: adaptive cutoffs keep about the
+        same count everywhere, so batches after the first skip the host's solve."""
         n, count = len(system.numbers), len(system.cell)
         atoms = padded_size(n, ATOM_STEP)
         positions = pad_atoms(system.positions, atoms)
@@ -302,7 +308,7 @@ class CompiledPETCalculator(TorchCalculator):
         cells = pad_systems(system.cell)
         candidates, shape = sized_candidates(
             positions, cells[system_index], system.edge_index, system.unit_shifts,
-            self.metadata.hypers, _batch_shape,
+            self.metadata.hypers, _batch_shape, self._batch_width,
         )
         # empty systems get (0, 1), a state every model accepts
         spare = [(0, 1)] * (len(cells) - count)
@@ -319,7 +325,7 @@ class CompiledPETCalculator(TorchCalculator):
             return to_host(status, energies[:n], forces[:n], virials[:count])
 
         topology = Topology.of(system.search, candidates, shape, n)
-        _, (energies, forces, virials) = self._fitted(run, topology)
+        _, self._batch_width, (energies, forces, virials) = self._fitted(run, topology)
         host_species = self._host_species[system.host_numbers]
         ends = np.cumsum(system.sizes)
         results = []

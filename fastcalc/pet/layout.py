@@ -292,18 +292,21 @@ def sized_candidates(
     unit_shifts: torch.Tensor,
     hypers: PETHypers,
     shape: ShapeRule = exact_shape,
+    width: int | None = None,
 ) -> tuple[Candidates, PaddedShape]:
     """A full neighbour list as :class:`Candidates` padded to ``shape(atoms, width,
-    columns)``, and that padded shape; ``width`` is the largest kept count on this
-    geometry (a narrower padded width gives a truncated layout, which
-    :func:`device_layout`'s status reports). Once per neighbour search: it synchronises
-    with the device a few times.
+    columns)``, and that padded shape. ``width`` defaults to the largest kept count on
+    this geometry, which for adaptive cutoffs takes their solve on the host (hundreds of
+    small operations); a given ``width`` is taken as it is. A padded width narrower than
+    the largest kept count gives a truncated layout, which :func:`device_layout`'s status
+    reports. Once per neighbour search: it synchronises with the device a few times.
 
     ``cell`` must have no zero vector (see :func:`fastcalc.buckets.padding_cell`).
     """
     n = positions.shape[0]
     candidates = prepare_candidates(edge_index, unit_shifts, n, cell, hypers.cutoff)
-    width = int(select_edges(positions, cell, candidates, hypers).counts.max()) if n else 0
+    if width is None:
+        width = int(select_edges(positions, cell, candidates, hypers).counts.max()) if n else 0
     columns = candidates.neighbors.shape[1]
     padded = shape(n, width, columns)
     return pad_candidates(candidates, cell, hypers.cutoff, padded.atoms, padded.pool), padded

@@ -13,6 +13,7 @@ from ase import Atoms
 from ase.stress import full_3x3_to_voigt_6_stress
 
 import fastcalc.pet.calculator as calculator_module
+import fastcalc.pet.layout as layout_module
 from fastcalc import InvalidAtomsError
 from fastcalc.pet import CompiledPETCalculator, PaddedShape
 from fastcalc.testing import deviation, evaluate_alone
@@ -105,6 +106,36 @@ def test_a_too_narrow_batch_layout_is_widened(eager, monkeypatch):
     calc = eager("adaptive")
     structures = mixed()
     for batched, atoms in zip(calc.evaluate_many(structures), structures):
+        assert_same(batched, evaluate_alone(calc, atoms))
+
+
+def test_later_batches_take_the_last_batch_width_without_the_host_solve(pet_models, monkeypatch):
+    """The first batch's width is solved on the host (adaptive cutoffs), then in the graph;
+    the next batch of the same structures runs at the width the first needed, solved in
+    the graph only, with the same results."""
+    calc = CompiledPETCalculator(pet_models["adaptive"].pt, device="cpu", dtype="float64",
+                                 compile_mode="eager")
+    solves = []
+    select = layout_module.select_edges
+    monkeypatch.setattr(layout_module, "select_edges", lambda *a: solves.append(1) or select(*a))
+    structures = mixed()
+    first = calc.evaluate_many(structures)
+    assert len(solves) == 2
+    second = calc.evaluate_many(structures)
+    assert len(solves) == 3
+    for again, once in zip(second, first):
+        assert_same(again, {key: value for key, value in once.items() if key != "free_energy"}, 0.0)
+
+
+def test_a_batch_needing_more_slots_than_the_last_is_run_wider(pet_models):
+    calc = CompiledPETCalculator(pet_models["adaptive"].pt, device="cpu", dtype="float64",
+                                 compile_mode="eager")
+    calc.evaluate_many([make_structure("isolated")])
+    sparse = calc._batch_width
+    dense = mixed()
+    results = calc.evaluate_many(dense)
+    assert calc._batch_width > sparse
+    for batched, atoms in zip(results, dense):
         assert_same(batched, evaluate_alone(calc, atoms))
 
 
