@@ -20,6 +20,7 @@ weights do not depend on them.
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import NamedTuple
@@ -50,6 +51,10 @@ from .padding import ATOM_STEP, WIDTH_STEP, PaddedShape, padded_shape
 from .trace import BatchGraph, StepGraph, graph_inputs
 
 __all__ = ["CompiledPETCalculator"]
+
+#: Batches whose largest kept count sizes the next batch's layout: the widest of them, so
+#: that batches alternating between two counts are not run again wider every other time.
+BATCH_WIDTH_MEMORY = 8
 
 
 def _legacy_compile_mode(
@@ -191,8 +196,9 @@ class CompiledPETCalculator(TorchCalculator):
         self._states: dict[tuple[int, int], torch.Tensor] = {}
         # (numbers on the device, padded atoms, padded species there, species on the host)
         self._species_cache: tuple[torch.Tensor, int, torch.Tensor, np.ndarray] | None = None
-        # the largest kept count per atom of the last batch: the next batch's layout width
-        self._batch_width: int | None = None
+        # the largest kept count per atom of each recent batch: the next batch's width is
+        # the largest of them
+        self._batch_widths: deque[int] = deque(maxlen=BATCH_WIDTH_MEMORY)
 
     def model_digest(self) -> str:
         """Digest of the core's weights and hyper-parameters (names its compiled code)."""
@@ -298,9 +304,10 @@ class CompiledPETCalculator(TorchCalculator):
         (compiled once for every batch shape). Atoms, slots and candidate pairs are padded
         as in :meth:`evaluate`, systems with empty ones (:func:`fastcalc.buckets.pad_systems`);
         padded atoms belong to system 0, with no neighbours and no energy. The layout is
-        as wide as the last batch needed (the first batch's width is solved on the host),
-        and a batch that needs more is run again wider: adaptive cutoffs keep about the
-        same count everywhere, so batches after the first skip the host's solve."""
+        as wide as the widest of the last :data:`BATCH_WIDTH_MEMORY` batches needed (the
+        first batch's width is solved on the host), and a batch that needs more is run
+        again wider: batches after the first skip the host's solve of adaptive cutoffs,
+        which keep about the same count everywhere."""
         n, count = len(system.numbers), len(system.cell)
         atoms = padded_size(n, ATOM_STEP)
         positions = pad_atoms(system.positions, atoms)
@@ -308,7 +315,7 @@ class CompiledPETCalculator(TorchCalculator):
         cells = pad_systems(system.cell)
         candidates, shape = sized_candidates(
             positions, cells[system_index], system.edge_index, system.unit_shifts,
-            self.metadata.hypers, _batch_shape, self._batch_width,
+            self.metadata.hypers, _batch_shape, max(self._batch_widths, default=None),
         )
         # empty systems get (0, 1), a state every model accepts
         spare = [(0, 1)] * (len(cells) - count)
@@ -325,7 +332,8 @@ class CompiledPETCalculator(TorchCalculator):
             return to_host(status, energies[:n], forces[:n], virials[:count])
 
         topology = Topology.of(system.search, candidates, shape, n)
-        _, self._batch_width, (energies, forces, virials) = self._fitted(run, topology)
+        _, needed, (energies, forces, virials) = self._fitted(run, topology)
+        self._batch_widths.append(needed)
         host_species = self._host_species[system.host_numbers]
         ends = np.cumsum(system.sizes)
         results = []

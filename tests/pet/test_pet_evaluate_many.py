@@ -109,15 +109,26 @@ def test_a_too_narrow_batch_layout_is_widened(eager, monkeypatch):
         assert_same(batched, evaluate_alone(calc, atoms))
 
 
-def test_later_batches_take_the_last_batch_width_without_the_host_solve(pet_models, monkeypatch):
-    """The first batch's width is solved on the host (adaptive cutoffs), then in the graph;
-    the next batch of the same structures runs at the width the first needed, solved in
-    the graph only, with the same results."""
-    calc = CompiledPETCalculator(pet_models["adaptive"].pt, device="cpu", dtype="float64",
+def adaptive_calculator(pet_models) -> CompiledPETCalculator:
+    """A new eager float64 calculator: no batch widths remembered from other tests."""
+    return CompiledPETCalculator(pet_models["adaptive"].pt, device="cpu", dtype="float64",
                                  compile_mode="eager")
-    solves = []
+
+
+@pytest.fixture
+def solves(monkeypatch) -> list[int]:
+    """One entry per selection of kept edges (the adaptive cutoffs solved): on the host to
+    size a layout, or in the (eager) graph."""
+    calls: list[int] = []
     select = layout_module.select_edges
-    monkeypatch.setattr(layout_module, "select_edges", lambda *a: solves.append(1) or select(*a))
+    monkeypatch.setattr(layout_module, "select_edges", lambda *a: calls.append(1) or select(*a))
+    return calls
+
+
+def test_later_batches_skip_the_host_solve_with_the_same_results(pet_models, solves):
+    """The first batch's width is solved on the host, then in the graph; the same batch
+    again runs at the width the first needed, solved in the graph only."""
+    calc = adaptive_calculator(pet_models)
     structures = mixed()
     first = calc.evaluate_many(structures)
     assert len(solves) == 2
@@ -128,15 +139,24 @@ def test_later_batches_take_the_last_batch_width_without_the_host_solve(pet_mode
 
 
 def test_a_batch_needing_more_slots_than_the_last_is_run_wider(pet_models):
-    calc = CompiledPETCalculator(pet_models["adaptive"].pt, device="cpu", dtype="float64",
-                                 compile_mode="eager")
+    calc = adaptive_calculator(pet_models)
     calc.evaluate_many([make_structure("isolated")])
-    sparse = calc._batch_width
     dense = mixed()
     results = calc.evaluate_many(dense)
-    assert calc._batch_width > sparse
+    sparse, needed = calc._batch_widths
+    assert needed > sparse
     for batched, atoms in zip(results, dense):
         assert_same(batched, evaluate_alone(calc, atoms))
+
+
+def test_a_sparse_batch_between_dense_ones_keeps_their_width(pet_models, solves):
+    """dense (sized on the host, then the graph), sparse (the graph at the dense width),
+    dense (the graph, not run again wider)."""
+    calc = adaptive_calculator(pet_models)
+    dense, sparse = mixed(), [make_structure("isolated")]
+    for batch in (dense, sparse, dense):
+        calc.evaluate_many(batch)
+    assert len(solves) == 4
 
 
 @pytest.fixture(scope="module")
