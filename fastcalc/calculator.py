@@ -10,6 +10,8 @@ torch energy function into the same path.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
@@ -26,6 +28,7 @@ from ase.calculators.calculator import (
     InputError,
     PropertyNotImplementedError,
     all_changes,
+    equal,
 )
 from ase.data import chemical_symbols
 from ase.stress import full_3x3_to_voigt_6_stress
@@ -54,6 +57,9 @@ __all__ = [
 ]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+#: Keywords of ASE's ``Calculator`` constructor, which fastcalc's calculators pass on.
+_ASE_KEYWORDS = frozenset({"restart", "ignore_bad_restart_file", "label", "atoms", "directory"})
 
 
 class InvalidAtomsError(InputError, ValueError):
@@ -226,6 +232,26 @@ def disk_cache(mode: str, cache_dir: str | Path | Literal[False] | None) -> Comp
     return CompileCache(cache_dir)
 
 
+def _refuse_unknown(cls: type, kwargs: dict) -> None:
+    """``TypeError`` naming the keywords in ``kwargs`` that neither ``cls``'s constructors
+    nor ASE's take (ASE would keep them in ``parameters`` without effect), with the
+    nearest known names: a misspelt setting must not be ignored."""
+    unknown = sorted(set(kwargs) - _ASE_KEYWORDS)
+    if not unknown:
+        return
+    known = set(_ASE_KEYWORDS)
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass) and issubclass(klass, TorchCalculator):
+            known.update(inspect.signature(klass.__init__).parameters)
+    known -= {"self", "kwargs"}
+    hints = [
+        f"{name!r} (did you mean {' or '.join(map(repr, close))}?)" if close else repr(name)
+        for name in unknown
+        for close in [difflib.get_close_matches(name, sorted(known), n=2)]
+    ]
+    raise TypeError(f"{cls.__name__} got unknown keyword arguments: {', '.join(hints)}")
+
+
 class TorchCalculator(Calculator):
     """Base of fastcalc's ASE calculators; subclasses implement :meth:`evaluate`.
 
@@ -290,6 +316,7 @@ class TorchCalculator(Calculator):
         cache_dir: str | Path | Literal[False] | None = None,
         **kwargs,
     ) -> None:
+        _refuse_unknown(type(self), kwargs)
         super().__init__(**kwargs)
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -320,6 +347,22 @@ class TorchCalculator(Calculator):
         self._padded_cell: tuple[np.ndarray, torch.Tensor | None, torch.Tensor] | None = None
         self._digest: str | None = None
         self._lock = threading.RLock()
+
+    def set(self, **kwargs) -> dict:
+        """ASE's ``set``, for settings as they are: a calculator's settings are fixed when
+        it is built (they choose its neighbour list and compiled code), so a changed or
+        unknown one raises ``ValueError`` naming it, rather than being recorded in
+        ``parameters`` without effect. Build a new calculator to change one."""
+        changed = sorted(
+            key for key, value in kwargs.items()
+            if key not in self.parameters or not equal(value, self.parameters[key])
+        )
+        if changed:
+            raise ValueError(
+                f"{type(self).__name__}.set cannot change {', '.join(changed)}: settings are "
+                "fixed when the calculator is built; build a new calculator instead"
+            )
+        return {}
 
     def get_property(
         self, name: str, atoms: Atoms | None = None, allow_calculation: bool = True

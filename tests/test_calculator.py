@@ -143,6 +143,28 @@ def test_unknown_dtype_is_refused():
         morse_calculator(dtype="float16")
 
 
+def test_a_misspelt_keyword_is_refused_with_the_known_name():
+    with pytest.raises(TypeError, match=r"'skinn' \(did you mean 'skin'\?\)"):
+        morse_calculator(skinn=1.0)
+
+
+def test_ase_s_own_keywords_are_still_taken():
+    assert morse_calculator(label="morse").label == "morse"
+
+
+def test_set_refuses_a_change_it_could_not_apply_and_keeps_the_calculator():
+    """ASE's set() would record skin=1.0 in parameters while the neighbour list kept its
+    own: the settings would lie about the results."""
+    calc, atoms = morse_calculator(skin=0.5), crystal()
+    atoms.calc = calc
+    energy = atoms.get_potential_energy()
+    assert calc.set(skin=0.5) == {}
+    with pytest.raises(ValueError, match="cannot change skin"):
+        calc.set(skin=1.0)
+    assert calc.parameters["skin"] == 0.5
+    assert atoms.get_potential_energy() == energy
+
+
 def test_results_do_not_depend_on_the_skin():
     atoms = crystal()
     with_skin, without_skin = morse_calculator(skin=1.0), morse_calculator(skin=0.0)
