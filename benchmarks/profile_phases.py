@@ -211,10 +211,12 @@ def many(calc: Calculator, count: int, max_atoms: int, passes: int = 5) -> None:
     stats.sort_stats("cumulative").print_stats("fastcalc", 30)
 
 
-def pet(device: str, mode: str | None, precision: str) -> tuple[Calculator, PhaseTimer]:
+def pet(
+    device: str, mode: str | None, precision: str, folder: Path
+) -> tuple[Calculator, PhaseTimer]:
     import fastcalc.pet.calculator as module
 
-    path = Path(tempfile.mkdtemp()) / "pet-s.pt"
+    path = folder / "pet-s.pt"
     export_pet(PET_S, path)
     calc = module.CompiledPETCalculator(path, device=device, compile_mode=mode,
                                         precision=precision)
@@ -268,11 +270,17 @@ def main() -> None:
     if args.upstream and (args.model != "uma" or not args.kernels):
         parser.error("fairchem is profiled with uma --kernels only")
     warnings.filterwarnings("ignore")
+    with tempfile.TemporaryDirectory() as folder:  # the model files (UMA-S: 1.1 GB)
+        run(args, Path(folder))
+
+
+def run(args: argparse.Namespace, folder: Path) -> None:
+    """What ``main``'s arguments ask for, with the model files written in ``folder``."""
     mode = "default" if args.kernels else None
     if args.model == "pet":
-        calc, timer = pet(args.device, mode, args.precision)
+        calc, timer = pet(args.device, mode, args.precision, folder)
     else:  # the UMA-S-shaped checkpoint and fairchem contenders of ``fastcalc bench uma``
-        contest = uma_contest(Path(tempfile.mkdtemp()), args.device, small=False)
+        contest = uma_contest(folder, args.device, small=False)
         calc, timer = uma(args.device, mode, args.precision, contest.path)
     if args.many:
         many(calc, args.many, args.max_atoms)

@@ -49,9 +49,10 @@ register(
 
 if __name__ == "__main__":
     parameters = dict(epsilon=0.4, rho0=5.0, r0=2.6, rcut1=1.5, rcut2=2.2)
-    path = Path(tempfile.mkdtemp()) / "copper.morse.json"
-    path.write_text(json.dumps(parameters))
-    calc = load_calculator(path, device="cpu", dtype="float64")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "copper.morse.json"
+        path.write_text(json.dumps(parameters))
+        calc = load_calculator(path, device="cpu", dtype="float64")
     report = check_calculator(calc, MorsePotential(**parameters), numbers=[29])
     passed, skipped = (len(report.with_status(status)) for status in ("passed", "skipped"))
     print(f"{type(calc).__name__} from {path.name}: {passed} checks passed, {skipped} skipped")
