@@ -59,7 +59,7 @@ __all__ = [
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 #: Keywords of ASE's ``Calculator`` constructor, which fastcalc's calculators pass on.
-_ASE_KEYWORDS = frozenset({"restart", "ignore_bad_restart_file", "label", "atoms", "directory"})
+_ASE_KEYWORDS = frozenset(inspect.signature(Calculator.__init__).parameters) - {"self", "kwargs"}
 
 
 class InvalidAtomsError(InputError, ValueError):
