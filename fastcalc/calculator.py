@@ -270,7 +270,10 @@ class TorchCalculator(Calculator):
     linear maps as three TF32 products (CUDA, dtype float32), float32's accuracy on tensor
     cores. ``cache_dir``: where compiled models are
     stored for the next process (:mod:`fastcalc.compile_cache`; None: ``$FASTCALC_CACHE_DIR``
-    or ``~/.cache/fastcalc``; False: no disk cache).
+    or ``~/.cache/fastcalc``; False: no disk cache). ``compile_in_background`` (default
+    True; needs the disk cache): a model not yet in the disk cache is compiled by another
+    process (:mod:`fastcalc.background_build`) while calls run uncompiled, instead of the
+    first call waiting for it; False: the first call compiles.
 
     Stress is (1/V) dE/dε under a homogeneous strain ε of positions and cell, V the
     volume of the cell as given, whenever its three vectors are linearly independent,
@@ -291,7 +294,7 @@ class TorchCalculator(Calculator):
     #: What ``todict()`` (and so ASE's trajectories) records: the constructor's settings.
     default_parameters = {
         "device": None, "dtype": "float32", "precision": "float32", "skin": 0.5,
-        "max_neighbors": 4096, "cache_dir": None,
+        "max_neighbors": 4096, "cache_dir": None, "compile_in_background": True,
     }
     #: Hand :meth:`evaluate` the Verlet candidates (pairs within cutoff + skin, the same
     #: tensors until the next search) instead of the pairs within the cutoff.
@@ -314,6 +317,7 @@ class TorchCalculator(Calculator):
         skin: float = 0.5,
         max_neighbors: int = 4096,
         cache_dir: str | Path | Literal[False] | None = None,
+        compile_in_background: bool = True,
         **kwargs,
     ) -> None:
         _refuse_unknown(type(self), kwargs)
@@ -336,8 +340,10 @@ class TorchCalculator(Calculator):
         self.parameters.update(
             device=str(self.device), dtype=dtype, precision=precision, skin=skin,
             max_neighbors=max_neighbors, cache_dir=None if cache_dir is None else str(cache_dir),
+            compile_in_background=compile_in_background,
         )
         self.cache_dir = cache_dir
+        self.compile_in_background = compile_in_background
         self._device_copies: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
         # numbers, cell and pbc of the last structure that passed, and whether it has a volume
         self._checked: tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None = None
@@ -544,6 +550,14 @@ class TorchCalculator(Calculator):
         """The same of the function that evaluates batches (:meth:`evaluate_many`)."""
         return self._batch_runner.stats
 
+    def wait_for_compilation(self) -> None:
+        """Block until the model's functions that another process is compiling
+        (``compile_in_background``) are stored: the next call runs compiled code."""
+        for name in ("_runner", "_batch_runner"):
+            runner = getattr(self, name, None)
+            if runner is not None:
+                runner.wait()
+
     def model_digest(self) -> str:
         """A digest of the model's weights and hyper-parameters (see
         :func:`fastcalc.compile_cache.tensors_digest`), naming its compiled code on disk;
@@ -555,12 +569,14 @@ class TorchCalculator(Calculator):
     ) -> GraphRunner:
         """The :class:`fastcalc.tracing.GraphRunner` of ``fn`` (the model's function
         ``graph``: ``"single"`` or ``"batch"``) in ``mode``, with this calculator's disk
-        cache of compiled models unless ``cache_dir`` is False. ``fn`` reads no tensors
-        but its inputs and those of the model's ``core``."""
+        cache of compiled models unless ``cache_dir`` is False, compiled in the background
+        with ``compile_in_background``. ``fn`` reads no tensors but its inputs and those of
+        the model's ``core``."""
         cache = disk_cache(mode, self.cache_dir)
         if cache is None:
             return GraphRunner(fn, mode)
-        return GraphRunner(fn, mode, cache, partial(self._cache_key, graph), owner=self.core)
+        return GraphRunner(fn, mode, cache, partial(self._cache_key, graph), owner=self.core,
+                           background=self.compile_in_background)
 
     def _cache_key(self, graph: str) -> CacheKey:
         """The disk cache key of this calculator's compiled function ``graph``."""

@@ -411,7 +411,7 @@ def _compile(args: argparse.Namespace) -> None:
     path = _model_path(args.model)
     calculator = load_calculator(
         path, task=args.task, device=device, dtype=args.dtype, compiled=True,
-        precision=args.precision, cache_dir=args.cache_dir,
+        precision=args.precision, cache_dir=args.cache_dir, compile_in_background=False,
     )
     atoms = probe_structure(calculator.supported_numbers)
     atoms.calc = calculator

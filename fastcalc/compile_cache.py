@@ -25,6 +25,7 @@ The folder is ``$FASTCALC_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastcalc``, else
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -35,7 +36,8 @@ import platform
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,11 +48,20 @@ from torch import nn
 from .kernel_bundle import KernelFolder
 from .saved_graph import LoadedGraph, SavedGraph
 
-__all__ = ["CACHE_ENV", "CacheKey", "CompileCache", "default_cache_dir", "tensors_digest"]
+try:
+    import fcntl
+except ImportError:  # Windows: nothing is locked (two builders of one entry both succeed)
+    fcntl = None
+
+__all__ = [
+    "CACHE_ENV", "CacheKey", "CompileCache", "default_cache_dir", "held", "locked",
+    "tensors_digest", "try_lock",
+]
 
 #: Environment variable naming the cache folder.
 CACHE_ENV = "FASTCALC_CACHE_DIR"
 _SUFFIX = ".fastcalc-compiled"
+_LOCK = ".lock"
 #: The subfolder of models converted from their files (:mod:`fastcalc.converted`).
 CONVERTED = "converted"
 _MAGIC = b"fastcalc-compiled-2\n"
@@ -183,6 +194,17 @@ class CompileCache:
         """Where the entry of ``key`` lives."""
         return self.folder / key.name
 
+    def lock_path(self, key: CacheKey) -> Path:
+        """The lock a process holds while it builds the entry of ``key``
+        (:mod:`fastcalc.background_build`)."""
+        return self.folder / (key.name + _LOCK)
+
+    def wait_for_builds(self) -> None:
+        """Return once no process builds an entry here."""
+        for path in sorted(self.folder.glob(f"*{_SUFFIX}{_LOCK}")):
+            with locked(path):
+                pass
+
     def load(
         self, key: CacheKey, owner: nn.Module | None, kernels: KernelFolder | None = None
     ) -> LoadedGraph | None:
@@ -270,7 +292,40 @@ class CompileCache:
                       for p in folder.glob("*.tmp") if time.time() - p.stat().st_mtime > 3600]
         for path in paths:
             path.unlink(missing_ok=True)
+        if entries is None:  # the locks of builds that are over
+            for path in self.folder.glob(f"*{_SUFFIX}{_LOCK}"):
+                with locked(path, wait=False) as free:
+                    if free:
+                        path.unlink(missing_ok=True)
         return len(paths)
+
+
+def try_lock(file: IO, wait: bool = False) -> bool:
+    """Take an exclusive lock on the open ``file``, released when every descriptor of it
+    is closed (a process that inherited it keeps it; a process that dies releases it);
+    without ``wait``, False at once when another holds it. True where there are no locks."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def locked(path: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive lock on the file ``path`` (created if missing) inside the block
+    (:func:`try_lock`); without ``wait``, yield False at once when another holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as file:
+        yield try_lock(file, wait)
+
+
+def held(path: Path) -> bool:
+    """Whether another holds the lock on ``path`` (see :func:`locked`) now."""
+    with locked(path, wait=False) as free:
+        return not free
 
 
 def write_atomically(path: Path, data: bytes, what: str) -> bool:

@@ -33,6 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch import nn
 
+from .background_build import BackgroundBuild
 from .compile_cache import CacheKey, CompileCache
 from .kernel_bundle import KernelFolder, kernel_folder
 from .progress import elapsed
@@ -282,9 +283,16 @@ class GraphRunner:
     traced and compiled in this process. The first call logs where its time went at
     INFO level (logger ``"fastcalc"``) and shows a progress line while it compiles.
 
-    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key`` and ``owner``
-    only (so ``fn`` and ``key`` must pickle: bound methods or module-level callables, not
-    closures): compiled code and CUDA graphs belong to one process and one copy of the
+    With ``background`` (and a cache), a first compiled call that finds no stored graph
+    does not wait for tracing and compiling: another process builds the entry
+    (:class:`fastcalc.background_build.BackgroundBuild`) while calls run ``fn`` eagerly,
+    and the first call after it is done loads the entry. A call that runs out of GPU
+    memory eagerly waits for the build instead. If the build fails, the next call
+    reports why in one warning and compiles in this process.
+
+    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner`` and
+    ``background`` only (so ``fn`` and ``key`` must pickle: bound methods or module-level
+    callables, not closures): compiled code and CUDA graphs belong to one process and one copy of the
     model's tensors, so the copy compiles anew at its first call (from the disk cache
     when there is one), and its ``stats`` start from zero.
     """
@@ -296,6 +304,7 @@ class GraphRunner:
         cache: CompileCache | None = None,
         key: Callable[[], CacheKey] | None = None,
         owner: nn.Module | None = None,
+        background: bool = False,
     ) -> None:
         if mode not in COMPILE_MODES[1:]:
             raise ValueError(f"GraphRunner takes a resolved mode {COMPILE_MODES[1:]}, got {mode!r}")
@@ -306,9 +315,13 @@ class GraphRunner:
         self.cache = cache
         self.key = key
         self.owner = owner
+        self._background = background  # as asked: what a copy gets
+        self.background = background and cache is not None
         self._run: Callable[..., tuple[torch.Tensor, ...]] | None = None
         self._compilations = 0
         self._from_cache = False
+        self._key: CacheKey | None = None
+        self._build: BackgroundBuild | None = None
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``fn(*inputs)`` with gradients on: eager, or compiled at the first call."""
@@ -316,18 +329,63 @@ class GraphRunner:
             if self.mode == "eager":
                 return self.fn(*inputs)
             if self._run is None:
+                if self.background:
+                    outputs = self._while_building(inputs)
+                    if outputs is not None:
+                        return outputs
                 return self._first_call(inputs)
             before = compiled_graphs()
             outputs = self._run(*inputs)
             self._compilations += compiled_graphs() - before
             return outputs
 
+    def _cache_key(self) -> CacheKey | None:
+        """The disk cache key, asked of ``key`` once."""
+        if self._key is None and self.key is not None:
+            self._key = self.key()
+        return self._key
+
+    def _while_building(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        """``fn(*inputs)`` eagerly while another process builds the stored graph (started
+        here when there is none); None once there is one to load, or the build failed
+        (reported, and ``background`` off: compile here)."""
+        if self._build is None:
+            key = self._cache_key()
+            if self.cache.path(key).exists():
+                return None
+            self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
+            if self._build is None:  # fn cannot go to another process
+                self.background = False
+                return None
+        if not self._build.done():
+            try:
+                return self.fn(*inputs)
+            except torch.OutOfMemoryError:
+                pass  # the eager model needs more memory than the compiled one: wait for it
+            _log.info("fastcalc: the uncompiled model ran out of memory; waiting for the "
+                      "compiled one")
+            self._build.wait()
+        build, self._build, self.background = self._build, None, False
+        if build.failure is not None:
+            warnings.warn(f"fastcalc: compiling the model in the background failed "
+                          f"({build.failure}); compiling it in this process", stacklevel=5)
+        else:
+            _log.info("fastcalc: the model compiled in the background after %.0f s",
+                      time.perf_counter() - build.started)
+        return None
+
+    def wait(self) -> None:
+        """Block until a background build (if one runs) has ended: the next call then runs
+        compiled code."""
+        if self._build is not None:
+            self._build.wait()
+
     def _first_call(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Load the stored graph, or trace and compile, call, and store the graph with the
         kernels this process made since its first such call (:data:`_KERNELS_BEFORE`,
         :mod:`fastcalc.kernel_bundle`)."""
         start = time.perf_counter()
-        key = self.key() if self.key is not None else None
+        key = self._cache_key()
         kernels = kernel_folder(inputs[0].device) if key is not None else None
         if kernels is not None and kernels not in _KERNELS_BEFORE:
             _KERNELS_BEFORE[kernels] = kernels.listing()
@@ -398,7 +456,7 @@ class GraphRunner:
     def __getstate__(self) -> dict:
         return {
             "fn": self.fn, "mode": self.mode, "cache": self.cache, "key": self.key,
-            "owner": self.owner,
+            "owner": self.owner, "background": self._background,
         }
 
     def __setstate__(self, state: dict) -> None:
@@ -408,11 +466,13 @@ class GraphRunner:
     def stats(self) -> dict[str, int]:
         """``compilations`` (torch.compile graphs made; 1 after the first compiled call),
         ``cuda_graphs`` (recorded, one per padded shape), ``recompiles`` (compilations
-        after the first, which should stay 0) and ``from_cache`` (1 when the compiled
-        graph was loaded from the disk cache: nothing traced or compiled for it)."""
+        after the first, which should stay 0), ``from_cache`` (1 when the compiled
+        graph was loaded from the disk cache: nothing traced or compiled for it) and
+        ``building`` (1 while another process builds it and calls run uncompiled)."""
         return {
             "compilations": self._compilations,
             "cuda_graphs": getattr(self._run, "count", 0),
             "recompiles": max(self._compilations - 1, 0),
             "from_cache": int(self._from_cache),
+            "building": int(self._build is not None and not self._build.done()),
         }

@@ -62,7 +62,8 @@ if __name__ == "__main__":
     cache_keys = record_cache_keys()
     start = time.perf_counter()
     task = sys.argv[3] if len(sys.argv) > 3 else None
-    calc = load_calculator(sys.argv[1], task=task, device="cuda", cache_dir=sys.argv[2])
+    calc = load_calculator(sys.argv[1], task=task, device="cuda", cache_dir=sys.argv[2],
+                           compile_in_background=False)
     atoms = cached_cell()
     atoms.calc = calc
     energy, forces, stress = atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()

@@ -203,7 +203,8 @@ def test_compile_fills_the_cache_that_a_later_calculator_starts_from(tmp_path, c
     from fastcalc.demo_models import PET_DEMO_CU
 
     calculator = CompiledPETCalculator(
-        "pet-demo-cu", device="cpu", compile_mode="default", cache_dir=tmp_path
+        "pet-demo-cu", device="cpu", compile_mode="default", cache_dir=tmp_path,
+        compile_in_background=False,
     )
     atoms = bulk("Cu", cubic=True).repeat(2)
     atoms.rattle(0.05, seed=3)

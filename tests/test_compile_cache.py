@@ -78,7 +78,7 @@ def test_a_second_process_runs_the_stored_entry_without_compiling(stored, tmp_pa
     assert entry.key["model"] == "morse-test" and entry.key["torch"] == torch.__version__
     result, _ = run(stored, tmp_path / "inductor")
     assert result["stats"] == {
-        "compilations": 0, "cuda_graphs": 0, "recompiles": 0, "from_cache": 1
+        "compilations": 0, "cuda_graphs": 0, "recompiles": 0, "from_cache": 1, "building": 0
     }
     assert result["cpp_builds"] == 0
     assert_equal_to_eager(result, eager)

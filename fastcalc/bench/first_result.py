@@ -3,9 +3,11 @@ energy, forces and stress, as a user restarting a script or a notebook kernel wa
 
 Each measurement is a new Python process that imports, builds one calculator and
 evaluates one structure (rattled fcc copper). fastcalc runs twice: ``cold`` with empty
-compile caches (fastcalc's disk cache and torch's), then ``warm`` with fastcalc's disk
-cache as the cold run left it but torch's own caches empty again, as on another node
-of a job array that shares the home folder. The upstream calculator runs ``cold`` and
+compile caches (fastcalc's disk cache and torch's), where its calculator answers
+uncompiled while another process compiles the model (``compile_in_background``), then,
+once that process has stored it, ``warm`` with fastcalc's disk cache as the cold run
+left it but torch's own caches empty again, as on another node of a job array that
+shares the home folder. The upstream calculator runs ``cold`` and
 then ``warm`` with torch's caches as its cold run left them (metatomic compiles
 nothing; fairchem's preset compiles).
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import ase.io
 
+from ..compile_cache import CompileCache
 from .first_result_process import UPSTREAM_PACKAGES
 from .timing import copper, device_name, today
 
@@ -138,11 +141,13 @@ def time_first_results(
     _fill_bytecode_cache(runs[0][2], [UPSTREAM_PACKAGES[i] for i in impls if i != "fastcalc"])
     structure = folder / f"copper-{natoms}.traj"
     ase.io.write(structure, copper(natoms))
-    return [
-        FirstResultRecord(
+    records = []
+    for impl, cache, env in runs:
+        records.append(FirstResultRecord(
             date=today(), gpu=device_name(), torch=torch.__version__, model=model, impl=impl,
             cache=cache, natoms=natoms,
             **_one_process([family, impl, str(path), device, str(structure)], env),
-        )
-        for impl, cache, env in runs
-    ]
+        ))
+        if impl == "fastcalc":  # the next process finds what the compiling process stored
+            CompileCache(env["FASTCALC_CACHE_DIR"]).wait_for_builds()
+    return records

@@ -316,7 +316,8 @@ def test_compiled_calculator_across_buckets(compile_model):
     """Sizes within a bucket, charge and spin compile nothing new; crossing a bucket at
     most one graph; results kept from an earlier call stay intact."""
     calculator = CompiledPETCalculator(
-        compile_model.pt, device="cpu", dtype="float64", compile_mode="default"
+        compile_model.pt, device="cpu", dtype="float64", compile_mode="default",
+        compile_in_background=False,
     )
     upstream = upstream_calculator(compile_model)
 

@@ -55,7 +55,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled(model):
-    calculator = CompiledPETCalculator(model.pt, device="cuda")
+    calculator = CompiledPETCalculator(model.pt, device="cuda", compile_in_background=False)
     assert calculator.compile_mode == "reduce-overhead"
     return calculator
 
@@ -133,7 +133,9 @@ def float64(model):
 def tf32(model):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*TF32")
-        return CompiledPETCalculator(model.pt, device="cuda", precision="tf32")
+        return CompiledPETCalculator(
+            model.pt, device="cuda", precision="tf32", compile_in_background=False
+        )
 
 
 def test_float32_stays_ieee_with_torch_global_tf32_on(compiled, eager, float64, tf32):
@@ -163,7 +165,9 @@ def test_tf32_forces_stay_within_a_percent_of_float64(float64, tf32):
 
 
 def test_3xtf32_forces_have_float32_accuracy(model, float64):
-    calc = CompiledPETCalculator(model.pt, device="cuda", precision="3xtf32")
+    calc = CompiledPETCalculator(
+        model.pt, device="cuda", precision="3xtf32", compile_in_background=False
+    )
     for name, structure in SIZES.items():
         atoms = structure()
         forces, exact = results(calc, atoms)["forces"], results(float64, atoms)["forces"]

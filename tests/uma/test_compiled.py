@@ -37,7 +37,7 @@ def tiny(tmp_path_factory):
     build_checkpoint(path, default_backbone(**TINY), "UMA-S-1.2", seed=5)
     calc = BucketedCalculator(
         path, task_name="omat", dtype="float64", device="cpu", compile_mode="default",
-        bucket_size=64,
+        bucket_size=64, compile_in_background=False,
     )
     eager = BucketedCalculator(
         path, task_name="omat", dtype="float64", device="cpu", compile_mode="eager",
@@ -107,6 +107,7 @@ def test_a_second_process_loads_the_stored_graph_without_compiling(tiny, tmp_pat
         atoms.calc = BucketedCalculator(
             {calc.parameters["checkpoint"]!r}, task_name="omat", dtype="float64",
             device="cpu", compile_mode="default", bucket_size=64,
+            compile_in_background=False,
         )
         print(json.dumps({{"energy": atoms.get_potential_energy(),
                           "forces": atoms.get_forces().tolist(),

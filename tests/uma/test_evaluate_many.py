@@ -155,7 +155,7 @@ def test_a_compiled_batch_graph_serves_every_batch_shape(uma_checkpoints, calc):
     the same results as eager."""
     compiled = BucketedCalculator(uma_checkpoints["main"].path, task_name="omat",
                                   dtype="float64", device="cpu", compile_mode="default",
-                                  bucket_size=64)
+                                  bucket_size=64, compile_in_background=False)
     # every batch above 8 atoms: on CPU only, inductor turns an (N, 1) x (1, C) product
     # with N + C <= 32 into a broadcast guarded on N, which a batch of 8 atoms would fail
     structures = [s for s in mixed() if len(s) > 4]

@@ -36,7 +36,8 @@ def results(calc, atoms):
 @pytest.fixture(scope="module")
 def calculators(uma_checkpoints):
     path = uma_checkpoints["main"].path
-    graphs = BucketedCalculator(path, task_name="omat", device="cuda", bucket_size=512)
+    graphs = BucketedCalculator(path, task_name="omat", device="cuda", bucket_size=512,
+                                compile_in_background=False)
     eager = BucketedCalculator(
         path, task_name="omat", device="cuda", bucket_size=512, compile_mode="eager"
     )
@@ -143,7 +144,8 @@ def tf32(uma_checkpoints):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*TF32")
         return BucketedCalculator(
-            uma_checkpoints["main"].path, task_name="omat", device="cuda", precision="tf32"
+            uma_checkpoints["main"].path, task_name="omat", device="cuda", precision="tf32",
+            compile_in_background=False,
         )
 
 
@@ -174,7 +176,8 @@ def test_tf32_forces_stay_within_a_percent_of_float64(float64, tf32):
 
 def test_3xtf32_forces_have_float32_accuracy(uma_checkpoints, float64):
     calc = BucketedCalculator(
-        uma_checkpoints["main"].path, task_name="omat", device="cuda", precision="3xtf32"
+        uma_checkpoints["main"].path, task_name="omat", device="cuda", precision="3xtf32",
+        compile_in_background=False,
     )
     for seed, repeats in enumerate([(2, 2, 2), (3, 3, 3)]):
         atoms = copper(repeats, seed)

@@ -1,0 +1,103 @@
+"""Compiling in the background: without a stored graph, calls run uncompiled (ASE's
+Morse numbers) while another process compiles and stores the graph, then load it; a
+second runner of the same model waits for that process instead of compiling too; a
+failed build is reported and compiled in this process."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pair_potential import ase_morse
+from test_tracing import crystal, graph_inputs, morse_efs
+
+from fastcalc.background_build import BackgroundBuild
+from fastcalc.compile_cache import CacheKey, CompileCache, held
+
+
+def key(name: str) -> CacheKey:
+    return CacheKey.create(name, torch.device("cpu"), torch.float64, "float32", "default")
+
+
+def runner(folder, name: str, fn=morse_efs):
+    from fastcalc.tracing import GraphRunner
+
+    return GraphRunner(fn, "default", CompileCache(folder), lambda: key(name), background=True)
+
+
+def assert_ase_numbers(outputs, atoms) -> None:
+    """``outputs`` (energy, forces, stress 3x3) equal ASE's Morse calculator's."""
+    energy, forces, stress = (x.detach().numpy() for x in outputs)
+    reference = atoms.copy()
+    reference.calc = ase_morse()
+    assert float(energy) == pytest.approx(reference.get_potential_energy(), rel=1e-12)
+    np.testing.assert_allclose(forces, reference.get_forces(), atol=1e-10)
+    voigt = stress[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
+    np.testing.assert_allclose(voigt, reference.get_stress(), atol=1e-12)
+
+
+def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_path):
+    atoms = crystal((2, 2, 2))
+    first, second = runner(tmp_path, "morse-bg"), runner(tmp_path, "morse-bg")
+    assert_ase_numbers(first(*graph_inputs(atoms)), atoms)
+    build = first._build
+    assert first.stats["building"] == 1 and first.stats["compilations"] == 0
+    assert build.process is not None  # a process of its own compiles
+
+    assert_ase_numbers(second(*graph_inputs(atoms)), atoms)
+    assert second._build.process is None  # the same model: it waits for that process
+
+    first.wait()
+    assert build.process.returncode == 0 and not held(CompileCache(tmp_path).lock_path(key("morse-bg")))
+    other = crystal((2, 2, 3))  # another size: the stored graph has dynamic shapes
+    for each in (first, second):
+        assert_ase_numbers(each(*graph_inputs(other)), other)
+        assert each.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
+                              "from_cache": 1, "building": 0}
+    assert not build.folder.exists()  # its temporary folder is gone
+
+
+def test_a_failed_build_is_reported_and_compiled_in_this_process(tmp_path, monkeypatch):
+    """The function's module exists here only, so the building process cannot read it."""
+    module = types.ModuleType("only_in_this_process")
+    module.morse_efs = lambda *inputs: morse_efs(*inputs)
+    module.morse_efs.__module__ = module.__name__
+    module.morse_efs.__qualname__ = "morse_efs"
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    atoms = crystal((2, 2, 2))
+    failing = runner(tmp_path, "morse-fails", module.morse_efs)
+    assert_ase_numbers(failing(*graph_inputs(atoms)), atoms)
+    failing.wait()
+    with pytest.warns(UserWarning, match="in the background failed .process .* exited with 1: "
+                                         ".*only_in_this_process"):
+        outputs = failing(*graph_inputs(atoms))
+    assert_ase_numbers(outputs, atoms)
+    assert failing.stats["compilations"] == 1 and failing.stats["building"] == 0
+
+
+def test_a_function_that_cannot_leave_the_process_is_compiled_here(tmp_path):
+    def closure(*inputs):
+        return morse_efs(*inputs)
+
+    inputs = graph_inputs(crystal((2, 2, 2)))
+    folders = set(Path(tempfile.gettempdir()).glob("fastcalc-build-*"))
+    assert BackgroundBuild.start(CompileCache(tmp_path), key("closure"), closure, None, inputs) is None
+    assert set(Path(tempfile.gettempdir()).glob("fastcalc-build-*")) == folders  # none left
+
+
+def test_an_uncompiled_call_out_of_memory_waits_for_the_compiled_model(tmp_path):
+    atoms = crystal((2, 2, 2))
+    patient = runner(tmp_path, "morse-oom")
+    patient(*graph_inputs(atoms))  # starts the build
+
+    def out_of_memory(*inputs):
+        raise torch.OutOfMemoryError("the uncompiled model needs more memory")
+
+    patient.fn = out_of_memory  # now, only for the uncompiled calls
+    assert_ase_numbers(patient(*graph_inputs(atoms)), atoms)
+    assert patient.stats["from_cache"] == 1 and patient.stats["building"] == 0
