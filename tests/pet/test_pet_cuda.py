@@ -206,3 +206,21 @@ def test_a_second_process_loads_the_compiled_model_from_the_disk_cache(tmp_path)
     for run in runs:
         assert relative_error(run["energy"], expected["energy"]) < FLOAT32_RTOL
         assert relative_error(run["forces"], expected["forces"]) < FLOAT32_RTOL
+
+
+def test_compiling_in_the_background_answers_uncompiled_then_replays_cuda_graphs(
+    model, eager, tmp_path
+):
+    """The default calculator on a GPU with an empty disk cache: calls answer uncompiled
+    while another process compiles on the same GPU, then load what it stored and replay
+    CUDA graphs, with the eager calculator's numbers throughout."""
+    calculator = CompiledPETCalculator(model.pt, device="cuda", cache_dir=tmp_path)
+    atoms = SIZES["bulk"]()
+    assert_close(results(calculator, atoms), results(eager, atoms))
+    assert calculator.compile_stats["building"] == 1
+    calculator.wait_for_compilation()
+    for name in ("bulk x2", "bulk"):
+        structure = SIZES[name]()
+        assert_close(results(calculator, structure), results(eager, structure))
+    stats = calculator.compile_stats
+    assert stats["from_cache"] == 1 and stats["compilations"] == 0 and stats["cuda_graphs"] == 2
