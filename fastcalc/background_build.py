@@ -4,7 +4,7 @@ Without an entry in the disk cache, a calculator's first compiled call would wai
 tracing and compiling: a minute or more on a GPU, for a notebook user's first number
 or a short script's only one. Instead, :meth:`BackgroundBuild.start` writes the model's
 function, its tensors and the call's inputs to a temporary folder and starts
-``python -m fastcalc.background_build FOLDER ENTRY``. That process compiles the function, runs
+``python -m fastcalc.background_build FOLDER ENTRY PID``. That process compiles the function, runs
 it once and stores the entry, as a first process does
 (:class:`fastcalc.tracing.GraphRunner`), while the calculator runs the same function
 eagerly; its first call after the process is done loads the entry.
@@ -123,7 +123,7 @@ class BackgroundBuild:
                 with open(folder / _LOG, "w") as log:
                     process = subprocess.Popen(
                         [sys.executable, "-m", "fastcalc.background_build", str(folder),
-                         str(cache.path(key))],
+                         str(cache.path(key)), str(os.getpid())],
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                         env=_environment(), pass_fds=descriptor,
                         start_new_session=True,  # a Ctrl-C for the calculator's process spares it
@@ -185,24 +185,31 @@ class BackgroundBuild:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def build(folder: Path, entry: Path) -> None:
-    """The building process (holding the entry's lock, inherited from the process that
-    started it): compile, run and store the payload of ``folder`` as ``entry``, unless
-    it is there already; then remove ``folder``."""
+def build(folder: Path, entry: Path, parent: int) -> None:
+    """The building process (holding the entry's lock, inherited from the calculator's
+    process ``parent``): compile, run and store the payload of ``folder`` as ``entry``,
+    unless it is there already; then remove ``folder``. A failure leaves ``folder``'s
+    log for the calculator to report, unless its process has ended."""
     from .tracing import GraphRunner
 
-    if not entry.exists():
-        payload = torch.load(folder / _PAYLOAD, weights_only=False)
-        key = payload["key"]
-        runner = GraphRunner(payload["fn"], "default", CompileCache(payload["cache"]),
-                             lambda: key, payload["owner"])
-        runner(*payload["inputs"])
+    try:
         if not entry.exists():
-            raise SystemExit("the compiled model could not be stored (see the warnings above)")
+            payload = torch.load(folder / _PAYLOAD, weights_only=False)
+            (folder / _PAYLOAD).unlink()  # the model's weights: not left behind on a failure
+            key = payload["key"]
+            runner = GraphRunner(payload["fn"], "default", CompileCache(payload["cache"]),
+                                 lambda: key, payload["owner"])
+            runner(*payload["inputs"])
+            if not entry.exists():
+                raise SystemExit("the compiled model could not be stored (see the warnings above)")
+    except BaseException:
+        if os.getppid() != parent:  # the calculator's process is gone: nobody reads the log
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
     logging.basicConfig(format="%(message)s")
     _log.setLevel(logging.INFO)
-    build(Path(sys.argv[1]), Path(sys.argv[2]))
+    build(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))

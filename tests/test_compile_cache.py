@@ -177,6 +177,28 @@ def test_clear_removes_every_entry(stored, tmp_path):
     assert copy.clear() == 1 and copy.entries() == []
 
 
+def test_clear_removes_the_locks_of_finished_builds_only(tmp_path):
+    """A lock that a building process holds (taken here by another process) stays."""
+    cache = CompileCache(tmp_path)
+    finished, running = (cache.lock_path(CacheKey.create(name, torch.device("cpu"), torch.float64,
+                                                          "float32", "default"))
+                         for name in ("finished", "running"))
+    finished.touch()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time\n"
+         "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
+         "time.sleep(60)", str(running)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cache.clear()
+        assert not finished.exists() and running.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_folder_that_cannot_be_written_is_reported_and_nothing_breaks(tmp_path, monkeypatch):
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")
