@@ -170,6 +170,7 @@ class BackgroundBuild:
         else:
             with locked(self.cache.lock_path(self.key)):
                 pass
+            self._looked = 0.0  # look now
         self.done()
 
     def _tail(self) -> str:

@@ -52,6 +52,8 @@ def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_pat
     assert_ase_numbers(second(*graph_inputs(atoms)), atoms)
     assert second._build.process is None  # the same model: it waits for that process
 
+    second.wait()  # returns once that process is done
+    assert second.stats["building"] == 0
     first.wait()
     assert build.process.returncode == 0 and not held(CompileCache(tmp_path).lock_path(key("morse-bg")))
     other = crystal((2, 2, 3))  # another size: the stored graph has dynamic shapes
