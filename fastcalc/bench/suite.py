@@ -8,7 +8,8 @@ are checked to agree. Two workloads, everything in float32 with TF32 off:
   size, each time next to its force error against eager float64 fastcalc; records in
   ``{out}/{pet,uma}.json`` and a plot next to them.
 - ``stream`` (``run_stream``): ``time_stream``, one calculator per implementation over
-  a list of different structures; records in ``{out}/stream.json`` and ``stream.png``.
+  a list of different structures, built as a user's script builds it (fastcalc's
+  compiling in the background); records in ``{out}/stream.json`` and ``stream.png``.
 - ``first-result`` (``run_first_result``): ``time_first_results``, fresh processes from
   start to first result, compile caches cold and warm; records in
   ``{out}/first_result.json``.
@@ -19,7 +20,8 @@ are checked to agree. Two workloads, everything in float32 with TF32 off:
 - PET: metatrain's PET (Cu and Ag), exported to a metatomic ``.pt``. fastcalc's
   ``CompiledPETCalculator`` (default compile mode: CUDA graphs on CUDA) against
   metatomic's calculator (its eager TorchScript model). One calculator of each kind
-  serves every size, so fastcalc's first ``warmup_s`` includes compiling the model.
+  serves every size, so fastcalc's first ``warmup_s`` includes compiling the model (the
+  timed calculators compile at their first call, not in the background).
 - UMA: a fairchem inference checkpoint built with fairchem's classes, omat task.
   fastcalc's ``BucketedCalculator`` (default compile mode: CUDA graphs on CUDA) against
   fairchem's calculator with its ``high-precision`` preset as a user gets it
@@ -126,7 +128,8 @@ class Contest:
 
     ``contenders`` are the timed calculators (the headline upstream first, fastcalc
     last); ``pairs`` lists the (upstream, fastcalc) contenders compared in the printed
-    tables; ``streamed`` names those that the ``stream`` workload runs; ``batched``
+    tables; ``streamed`` builds the calculators that the ``stream`` workload runs, each
+    as a user's script builds it (fastcalc compiling in the background); ``batched``
     builds the upstream's batched path for the ``throughput`` workload, and
     ``batched_tf32`` that path in TF32, against fastcalc's ``fastcalc-tf32`` contender.
     """
@@ -139,7 +142,7 @@ class Contest:
     accurate: Callable[[], Calculator]  # eager float64 fastcalc, for the force errors
     contenders: Callable[[], dict[str, Callable[[], Calculator]]]  # timed, for one size
     pairs: tuple[tuple[str, str], ...]
-    streamed: tuple[str, ...]
+    streamed: dict[str, Callable[[], Calculator]]
     batched: Callable[[], Evaluator]
     batched_tf32: Callable[[], Evaluator]
 
@@ -182,7 +185,8 @@ def pet_contest(folder: Path, device: str, small: bool) -> Contest:
         ),
         contenders=lambda: factories,
         pairs=(("metatomic", "fastcalc"),),
-        streamed=("metatomic", "fastcalc"),
+        streamed={"metatomic": factories["metatomic"],
+                  "fastcalc": lambda: CompiledPETCalculator(path, device=device)},
         batched=lambda: metatomic_batched(path, device),
         batched_tf32=lambda: metatomic_batched(path, device, tf32=True),
     )
@@ -239,7 +243,8 @@ def uma_contest(folder: Path, device: str, small: bool) -> Contest:
             ("fairchem", "fastcalc"), ("fairchem-general", "fastcalc"),
             ("fairchem-tf32", "fastcalc-tf32"), ("fairchem", "fastcalc-3xtf32"),
         ),
-        streamed=("fairchem", "fastcalc"),
+        streamed={"fairchem": factories["fairchem"],
+                  "fastcalc": lambda: BucketedCalculator(path, task_name="omat", device=device)},
         batched=lambda: fairchem_batched(path, "omat", device),
         batched_tf32=lambda: fairchem_batched(path, "omat", device, preset="multigpu"),
     )
@@ -384,9 +389,8 @@ def run_stream(
             print(f"{contest.model}: eager fastcalc against {contest.upstream} (float32) on "
                   f"{len(structures)} structures, largest force difference: {worst}", flush=True)
             del reference, eager
-            factories = contest.contenders()
             records += time_stream(
-                {impl: factories[impl] for impl in contest.streamed},
+                contest.streamed,
                 [atoms for _, atoms in structures], contest.model, calls=calls,
                 progress=_bar(f"{contest.model}, stream"),
             )
