@@ -443,6 +443,8 @@ def _cache(args: argparse.Namespace) -> None:
                             if name in key)
         print(f"  {entry.path.name}  model {key['model'][:12]}  {details}  "
               f"{entry.size / 2**20:.1f} MiB  {when:%Y-%m-%d %H:%M}")
+    for name in cache.building():
+        print(f"  {name}  being compiled by a process now")
     converted = cache.converted()
     size = sum(path.stat().st_size for path in converted) / 2**20
     print(f"{len(converted)} models converted from their files ({size:.1f} MiB) in "

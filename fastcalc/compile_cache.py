@@ -199,6 +199,11 @@ class CompileCache:
         (:mod:`fastcalc.background_build`)."""
         return self.folder / (key.name + _LOCK)
 
+    def building(self) -> list[str]:
+        """The entry names that a process is building now (holding their lock)."""
+        return sorted(path.name.removesuffix(_LOCK)
+                      for path in self.folder.glob(f"*{_SUFFIX}{_LOCK}") if held(path))
+
     def wait_for_builds(self) -> None:
         """Return once no process builds an entry here."""
         for path in sorted(self.folder.glob(f"*{_SUFFIX}{_LOCK}")):

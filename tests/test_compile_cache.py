@@ -177,8 +177,9 @@ def test_clear_removes_every_entry(stored, tmp_path):
     assert copy.clear() == 1 and copy.entries() == []
 
 
-def test_clear_removes_the_locks_of_finished_builds_only(tmp_path):
-    """A lock that a building process holds (taken here by another process) stays."""
+def test_builds_in_progress_are_listed_and_clear_keeps_their_locks(tmp_path):
+    """A lock that a building process holds (taken here by another process) names a build
+    in progress and stays; the lock of a finished build goes."""
     cache = CompileCache(tmp_path)
     finished, running = (cache.lock_path(CacheKey.create(name, torch.device("cpu"), torch.float64,
                                                           "float32", "default"))
@@ -192,6 +193,7 @@ def test_clear_removes_the_locks_of_finished_builds_only(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "held"
+        assert cache.building() == [running.name.removesuffix(".lock")]
         cache.clear()
         assert not finished.exists() and running.exists()
     finally:
