@@ -328,9 +328,13 @@ def locked(path: Path, wait: bool = True) -> Iterator[bool]:
 
 
 def held(path: Path) -> bool:
-    """Whether another holds the lock on ``path`` (see :func:`locked`) now."""
-    with locked(path, wait=False) as free:
-        return not free
+    """Whether another holds the lock on ``path`` (see :func:`locked`) now; False if there
+    is no such file or it cannot be read. Creates nothing (a read-only folder is fine)."""
+    try:
+        with open(path) as file:
+            return not try_lock(file)
+    except OSError:
+        return False
 
 
 def write_atomically(path: Path, data: bytes, what: str) -> bool:
