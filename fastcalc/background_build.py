@@ -1,13 +1,13 @@
 """Compiling a model in a process of its own while the calculator answers uncompiled.
 
 Without an entry in the disk cache, a calculator's first compiled call would wait for
-tracing and compiling: a minute or more on a GPU, for a notebook user's first number
-or a short script's only one. Instead, :meth:`BackgroundBuild.start` writes the model's
-function, its tensors and the call's inputs to a temporary folder and starts
-``python -m fastcalc.background_build FOLDER ENTRY PID``. That process compiles the function, runs
-it once and stores the entry, as a first process does
-(:class:`fastcalc.tracing.GraphRunner`), while the calculator runs the same function
-eagerly; its first call after the process is done loads the entry.
+tracing and compiling: a minute or more on a GPU, for a notebook user's first number or
+a short script's only one. Instead, :meth:`BackgroundBuild.start` writes the model's
+function, its tensors and the call's inputs to a temporary folder and starts ``python -m
+fastcalc.background_build FOLDER ENTRY PID``. That process compiles the function, runs it
+once and stores the entry, as a first process does (:class:`fastcalc.tracing.GraphRunner`),
+while the calculator runs the same function eagerly; its first call after the process is
+done loads the entry.
 
 The building process holds the entry's lock
 (:meth:`fastcalc.compile_cache.CompileCache.lock_path`, inherited from the calculator's

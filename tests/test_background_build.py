@@ -55,7 +55,8 @@ def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_pat
     second.wait()  # returns once that process is done
     assert second.stats["building"] == 0
     first.wait()
-    assert build.process.returncode == 0 and not held(CompileCache(tmp_path).lock_path(key("morse-bg")))
+    lock = CompileCache(tmp_path).lock_path(key("morse-bg"))
+    assert build.process.returncode == 0 and not held(lock)
     other = crystal((2, 2, 3))  # another size: the stored graph has dynamic shapes
     for each in (first, second):
         assert_ase_numbers(each(*graph_inputs(other)), other)
@@ -88,7 +89,8 @@ def test_a_function_that_cannot_leave_the_process_is_compiled_here(tmp_path):
 
     inputs = graph_inputs(crystal((2, 2, 2)))
     folders = set(Path(tempfile.gettempdir()).glob("fastcalc-build-*"))
-    assert BackgroundBuild.start(CompileCache(tmp_path), key("closure"), closure, None, inputs) is None
+    started = BackgroundBuild.start(CompileCache(tmp_path), key("closure"), closure, None, inputs)
+    assert started is None
     assert set(Path(tempfile.gettempdir()).glob("fastcalc-build-*")) == folders  # none left
 
 
