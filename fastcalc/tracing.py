@@ -19,6 +19,7 @@ assertion on PET's graph (torch 2.11, CUDA).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -370,8 +371,9 @@ class GraphRunner:
             warnings.warn(f"fastcalc: compiling the model in the background failed "
                           f"({build.failure}); compiling it in this process", stacklevel=5)
         else:
-            _log.info("fastcalc: the model compiled in the background after %.0f s",
-                      time.perf_counter() - build.started)
+            print(f"fastcalc: the model compiled in the background in "
+                  f"{time.perf_counter() - build.started:.0f} s; calls run compiled from now on",
+                  file=sys.stderr, flush=True)  # as its start was announced
         return None
 
     def wait(self) -> None:

@@ -41,7 +41,7 @@ def assert_ase_numbers(outputs, atoms) -> None:
     np.testing.assert_allclose(voigt, reference.get_stress(), atol=1e-12)
 
 
-def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_path):
+def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_path, capfd):
     atoms = crystal((2, 2, 2))
     first, second = runner(tmp_path, "morse-bg"), runner(tmp_path, "morse-bg")
     assert_ase_numbers(first(*graph_inputs(atoms)), atoms)
@@ -60,6 +60,7 @@ def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_pat
     other = crystal((2, 2, 3))  # another size: the stored graph has dynamic shapes
     for each in (first, second):
         assert_ase_numbers(each(*graph_inputs(other)), other)
+        assert "calls run compiled from now on" in capfd.readouterr().err  # as announced
         assert each.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
                               "from_cache": 1, "building": 0}
     assert not build.folder.exists()  # its temporary folder is gone
