@@ -308,13 +308,16 @@ class CompileCache:
 def try_lock(file: IO, wait: bool = False) -> bool:
     """Take an exclusive lock on the open ``file``, released when every descriptor of it
     is closed (a process that inherited it keeps it; a process that dies releases it);
-    without ``wait``, False at once when another holds it. True where there are no locks."""
+    without ``wait``, False at once when another holds it. True where there are no locks
+    (no ``fcntl``, or a file system that refuses them)."""
     if fcntl is None:
         return True
     try:
         fcntl.flock(file, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         return False
+    except OSError:  # ENOLCK and the like: go on unlocked, as without fcntl
+        return True
     return True
 
 

@@ -21,6 +21,8 @@ from fastcalc.compile_cache import (
     CacheKey,
     CompileCache,
     default_cache_dir,
+    held,
+    locked,
     tensors_digest,
 )
 from fastcalc.saved_graph import SavedGraph
@@ -271,3 +273,19 @@ def test_the_model_digest_names_content_not_storage():
         (weights, {"layers": 3}),
     ]
     assert all(tensors_digest(tensors, extra) != digest for tensors, extra in others)
+
+
+def test_a_file_system_that_refuses_locks_is_used_unlocked(tmp_path, monkeypatch):
+    """Some network file systems refuse flock (ENOLCK): building goes on without a lock,
+    as where there is no fcntl, rather than failing the calculator's call."""
+    import errno
+    import fcntl
+
+    def refuse(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    path = tmp_path / "entry.lock"
+    with locked(path) as taken:
+        assert taken
+    assert not held(path)
