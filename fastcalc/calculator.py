@@ -271,9 +271,10 @@ class TorchCalculator(Calculator):
     cores. ``cache_dir``: where compiled models are
     stored for the next process (:mod:`fastcalc.compile_cache`; None: ``$FASTCALC_CACHE_DIR``
     or ``~/.cache/fastcalc``; False: no disk cache). ``compile_in_background`` (default
-    True; needs the disk cache): a model not yet in the disk cache is compiled by another
-    process (:mod:`fastcalc.background_build`) while calls run uncompiled, instead of the
-    first call waiting for it; False: the first call compiles.
+    True; needs the disk cache): the first calls run uncompiled instead of waiting while a
+    model not yet in the disk cache is compiled, by another process
+    (:mod:`fastcalc.background_build`), or while one found there is loaded (a thread first
+    imports the compiler); False: the first call compiles or loads.
 
     Stress is (1/V) dE/dε under a homogeneous strain ε of positions and cell, V the
     volume of the cell as given, whenever its three vectors are linearly independent,
@@ -551,8 +552,8 @@ class TorchCalculator(Calculator):
         return self._batch_runner.stats
 
     def wait_for_compilation(self) -> None:
-        """Block until the model's functions that another process is compiling
-        (``compile_in_background``) are stored: the next call runs compiled code."""
+        """Block until the model's functions being compiled by another process or loaded
+        (``compile_in_background``) are ready: the next call runs compiled code."""
         for name in ("_runner", "_batch_runner"):
             runner = getattr(self, name, None)
             if runner is not None:

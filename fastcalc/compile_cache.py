@@ -54,7 +54,7 @@ except ImportError:  # Windows: nothing is locked (two builders of one entry bot
     fcntl = None
 
 __all__ = [
-    "CACHE_ENV", "CacheKey", "CompileCache", "default_cache_dir", "held", "locked",
+    "CACHE_ENV", "CacheKey", "CompileCache", "StoredEntry", "default_cache_dir", "held", "locked",
     "tensors_digest", "try_lock",
 ]
 
@@ -175,6 +175,15 @@ class CacheKey:
 
 
 @dataclass(frozen=True)
+class StoredEntry:
+    """An entry read and checked (:meth:`CompileCache.read`), not yet bound to a model."""
+
+    path: Path
+    saved: SavedGraph
+    artifacts: bytes
+
+
+@dataclass(frozen=True)
 class CacheEntry:
     """One stored compilation: its file, key, size in bytes and modification time."""
 
@@ -210,45 +219,55 @@ class CompileCache:
             with locked(path):
                 pass
 
-    def load(
-        self, key: CacheKey, owner: nn.Module | None, kernels: KernelFolder | None = None
-    ) -> LoadedGraph | None:
-        """The stored graph of ``key`` bound to the tensors of ``owner`` (the model), or
-        None if there is none; its compiled kernels go into the compiler's cache folder
-        ``kernels`` where missing. An unusable entry is reported in one warning and removed."""
+    def read(self, key: CacheKey, kernels: KernelFolder | None = None) -> StoredEntry | None:
+        """The entry of ``key``, checked, with its compiled kernels put into the compiler's
+        cache folder ``kernels`` where missing; None if there is none. An unusable entry is
+        reported in one warning and removed."""
         path = self.path(key)
         if not path.exists():
             return None
+        start = time.perf_counter()
         try:
-            moments = [time.perf_counter()]
             stored_key, saved, artifacts, machine_code = _read(path)
             if stored_key != asdict(key):
                 raise ValueError("its key does not match")
-            moments.append(time.perf_counter())
-            if artifacts:
-                torch.compiler.load_cache_artifacts(artifacts)
-            moments.append(time.perf_counter())
             if kernels is not None:
                 kernels.unpack(machine_code)
-            moments.append(time.perf_counter())
-            loaded = LoadedGraph.load(saved, owner)
-            moments.append(time.perf_counter())
-            _log.info(
-                "fastcalc: loading the stored model took %.1f s: reading %.1f s, torch's "
-                "compile artifacts %.1f s, compiled kernels %.1f s, the compiled code %.1f s "
-                "(with the imports of dynamo and inductor)",
-                moments[-1] - moments[0], *(b - a for a, b in itertools.pairwise(moments)),
-            )
-            return loaded
         except Exception as error:  # any damage: report, drop, compile again
-            warnings.warn(
-                f"fastcalc: compile cache entry {path} is unusable ({error}); compiling "
-                "again and replacing it",
-                UserWarning,
-                stacklevel=2,
-            )
-            path.unlink(missing_ok=True)
+            _unusable(path, error)
             return None
+        _log.info("fastcalc: reading the stored model and its kernels took %.1f s",
+                  time.perf_counter() - start)
+        return StoredEntry(path, saved, artifacts)
+
+    def bind(self, entry: StoredEntry, owner: nn.Module | None) -> LoadedGraph | None:
+        """The compiled code of ``entry`` (after torch's compile artifacts) bound to the
+        tensors of ``owner`` (the model); None, with the entry reported in one warning and
+        removed, if it is unusable."""
+        moments = [time.perf_counter()]
+        try:
+            if entry.artifacts:
+                torch.compiler.load_cache_artifacts(entry.artifacts)
+            moments.append(time.perf_counter())
+            loaded = LoadedGraph.load(entry.saved, owner)
+        except Exception as error:
+            _unusable(entry.path, error)
+            return None
+        moments.append(time.perf_counter())
+        _log.info(
+            "fastcalc: binding the stored model took %.1f s: torch's compile artifacts %.1f s, "
+            "the compiled code %.1f s (with the imports of dynamo and inductor not made before)",
+            moments[-1] - moments[0], *(b - a for a, b in itertools.pairwise(moments)),
+        )
+        return loaded
+
+    def load(
+        self, key: CacheKey, owner: nn.Module | None, kernels: KernelFolder | None = None
+    ) -> LoadedGraph | None:
+        """:meth:`read` then :meth:`bind`: the stored graph of ``key`` bound to the tensors of
+        ``owner``, or None if there is none or it is unusable (reported and removed)."""
+        entry = self.read(key, kernels)
+        return None if entry is None else self.bind(entry, owner)
 
     def store(self, key: CacheKey, saved: SavedGraph, kernels: bytes = b"") -> Path | None:
         """Write ``saved``, what torch compiled in this process and ``kernels`` (their
@@ -360,6 +379,17 @@ def write_atomically(path: Path, data: bytes, what: str) -> bool:
         )
         return False
     return True
+
+
+def _unusable(path: Path, error: Exception) -> None:
+    """Report the entry at ``path`` as unusable in one warning and remove it."""
+    warnings.warn(
+        f"fastcalc: compile cache entry {path} is unusable ({error}); compiling again and "
+        "replacing it",
+        UserWarning,
+        stacklevel=3,
+    )
+    path.unlink(missing_ok=True)
 
 
 def _read(path: Path) -> tuple[dict, SavedGraph, bytes, bytes]:

@@ -23,7 +23,9 @@ Dynamo is imported when a graph is compiled or loaded, not with this module, so 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import sys
+import threading
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,10 +35,19 @@ import torch.fx
 import torch.fx.experimental._config as fx_config
 from torch import nn
 
-__all__ = ["GuardsRefused", "LoadedGraph", "SavedGraph", "compile_ahead", "tensor_paths"]
+__all__ = [
+    "COMPILER_MODULES", "CompilerImports", "GuardsRefused", "LoadedGraph", "SavedGraph",
+    "compile_ahead", "tensor_paths",
+]
 
 #: inductor options of every fastcalc compilation (see :mod:`fastcalc.tracing`)
 COMPILE_OPTIONS = {"triton.coalesce_tiling_analysis": False}
+#: What loading a saved graph and its first call import: dynamo and the parts of inductor
+#: that its code names (2.5 s of the first call of PET-S-shaped loaded on the H200).
+COMPILER_MODULES = (
+    "torch._dynamo.aot_compile", "torch._inductor.compile_fx", "torch._inductor.select_algorithm",
+    "torch._inductor.codegen.memory_planning", "torch._functorch._aot_autograd.autograd_cache",
+)
 
 
 class GuardsRefused(RuntimeError):
@@ -86,6 +97,36 @@ def _module(source: str) -> types.ModuleType:
 def _source(graph_module: torch.fx.GraphModule) -> str:
     body = "\n".join(f"    {line}" if line else "" for line in graph_module.code.splitlines())
     return f"import torch\nfrom torch import device, inf, nan\n\n\nclass Traced(torch.nn.Module):\n{body}\n"
+
+
+class CompilerImports:
+    """:data:`COMPILER_MODULES` imported in a thread of their own, so that a later
+    :meth:`LoadedGraph.load` finds them imported while calls meanwhile run uncompiled.
+
+    Start it after such a call, so that the call's own imports (Triton's, for kernels
+    launched eagerly) are done and cannot interleave with these. An import that fails
+    here is left to the load, which imports it again and reports what fails.
+    """
+
+    def __init__(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fastcalc-compiler-imports")
+        self._thread.start()
+
+    @staticmethod
+    def _run() -> None:
+        for name in COMPILER_MODULES:
+            try:
+                importlib.import_module(name)
+            except Exception:  # imported again, and reported, where a load needs it
+                return
+
+    def done(self) -> bool:
+        """Whether the imports are over."""
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Return once the imports are over."""
+        self._thread.join()
 
 
 class LoadedGraph:

@@ -35,10 +35,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch import nn
 
 from .background_build import BackgroundBuild
-from .compile_cache import CacheKey, CompileCache
+from .compile_cache import CacheKey, CompileCache, StoredEntry
 from .kernel_bundle import KernelFolder, kernel_folder
 from .progress import elapsed
-from .saved_graph import COMPILE_OPTIONS, GuardsRefused, LoadedGraph, SavedGraph, compile_ahead
+from .saved_graph import (
+    COMPILE_OPTIONS, CompilerImports, GuardsRefused, LoadedGraph, SavedGraph, compile_ahead,
+)
 
 __all__ = [
     "COMPILE_MODES",
@@ -241,6 +243,15 @@ _log = logging.getLogger("fastcalc")
 _KERNELS_BEFORE: dict[KernelFolder, set[str]] = {}
 
 
+def _noted_kernel_folder(device: torch.device) -> KernelFolder:
+    """The compiler's kernel folder of ``device``, its kernels noted in
+    :data:`_KERNELS_BEFORE` at this process's first look."""
+    kernels = kernel_folder(device)
+    if kernels not in _KERNELS_BEFORE:
+        _KERNELS_BEFORE[kernels] = kernels.listing()
+    return kernels
+
+
 class _LoadedOrCompiled:
     """A loaded graph, and for inputs its guards refuse (it cannot recompile) the function
     traced and compiled in this process at the first such call."""
@@ -284,12 +295,14 @@ class GraphRunner:
     traced and compiled in this process. The first call logs where its time went at
     INFO level (logger ``"fastcalc"``) and shows a progress line while it compiles.
 
-    With ``background`` (and a cache), a first compiled call that finds no stored graph
-    does not wait for tracing and compiling: another process builds the entry
-    (:class:`fastcalc.background_build.BackgroundBuild`) while calls run ``fn`` eagerly,
-    and the first call after it is done loads the entry. A call that runs out of GPU
-    memory eagerly waits for the build instead. If the build fails, the next call
-    reports why in one warning and compiles in this process.
+    With ``background`` (and a cache), the first calls do not wait for compiled code. A
+    first call that finds no stored graph has another process build the entry
+    (:class:`fastcalc.background_build.BackgroundBuild`); one that finds it reads it.
+    Either way, calls run ``fn`` eagerly until the entry is there and a thread has
+    imported the compiler (:class:`fastcalc.saved_graph.CompilerImports`, 2 s or more),
+    and the first call after that loads the entry. A call that runs out of GPU memory
+    eagerly waits instead. If the build fails, the next call reports why in one warning
+    and compiles in this process.
 
     A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner`` and
     ``background`` only (so ``fn`` and ``key`` must pickle: bound methods or module-level
@@ -323,6 +336,8 @@ class GraphRunner:
         self._from_cache = False
         self._key: CacheKey | None = None
         self._build: BackgroundBuild | None = None
+        self._imports: CompilerImports | None = None
+        self._entry: StoredEntry | None = None
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``fn(*inputs)`` with gradients on: eager, or compiled at the first call."""
@@ -347,26 +362,31 @@ class GraphRunner:
         return self._key
 
     def _while_building(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
-        """``fn(*inputs)`` eagerly while another process builds the stored graph (started
-        here when there is none); None once there is one to load, or the build failed
-        (reported, and ``background`` off: compile here)."""
-        if self._build is None:
-            key = self._cache_key()
-            if self.cache.path(key).exists():
-                return None
-            self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
-            if self._build is None:  # fn cannot go to another process
+        """``fn(*inputs)`` eagerly while the compiled model is made ready; None once it is
+        (or cannot be: ``background`` off, compile here).
+
+        At the first call, a stored graph is read (its kernels put back, so that kernels
+        launched eagerly are not compiled again) or, if there is none, another process
+        starts to build it. After that call's eager answer, a thread imports the compiler
+        (:class:`fastcalc.saved_graph.CompilerImports`); the first call after both are done
+        loads the graph, in the caller's thread. An eager call that runs out of GPU memory waits
+        instead. A failed build is reported in one warning, then compiled here."""
+        if self._imports is None:
+            if not self._prepare(inputs):
                 self.background = False
                 return None
-        if not self._build.done():
-            try:
-                return self.fn(*inputs)
-            except torch.OutOfMemoryError:
-                pass  # the eager model needs more memory than the compiled one: wait for it
-            _log.info("fastcalc: the uncompiled model ran out of memory; waiting for the "
-                      "compiled one")
-            self._build.wait()
+            outputs = self._eagerly(inputs)
+            self._imports = CompilerImports()
+            if outputs is not None:
+                return outputs
+        elif not self._imports.done() or (self._build is not None and not self._build.done()):
+            outputs = self._eagerly(inputs)
+            if outputs is not None:
+                return outputs
+        self.wait()
         build, self._build, self.background = self._build, None, False
+        if build is None:
+            return None
         if build.failure is not None:
             warnings.warn(f"fastcalc: compiling the model in the background failed "
                           f"({build.failure}); compiling it in this process", stacklevel=5)
@@ -376,11 +396,32 @@ class GraphRunner:
                   file=sys.stderr, flush=True)  # as its start was announced
         return None
 
+    def _prepare(self, inputs: Sequence[torch.Tensor]) -> bool:
+        """Read the stored graph, or start another process building it; False if neither
+        (``fn`` cannot go to another process)."""
+        key = self._cache_key()
+        self._entry = self.cache.read(key, _noted_kernel_folder(inputs[0].device))
+        if self._entry is None:
+            self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
+        return self._entry is not None or self._build is not None
+
+    def _eagerly(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        """``fn(*inputs)``; None if it runs out of GPU memory (the eager model needs more
+        than the compiled one, which is then waited for)."""
+        try:
+            return self.fn(*inputs)
+        except torch.OutOfMemoryError:
+            _log.info("fastcalc: the uncompiled model ran out of memory; waiting for the "
+                      "compiled one")
+            return None
+
     def wait(self) -> None:
-        """Block until a background build (if one runs) has ended: the next call then runs
-        compiled code."""
+        """Block until the compiled model is ready (a background build over, the compiler
+        imported): the next call then runs compiled code."""
         if self._build is not None:
             self._build.wait()
+        if self._imports is not None:
+            self._imports.wait()
 
     def _first_call(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Load the stored graph, or trace and compile, call, and store the graph with the
@@ -388,10 +429,11 @@ class GraphRunner:
         :mod:`fastcalc.kernel_bundle`)."""
         start = time.perf_counter()
         key = self._cache_key()
-        kernels = kernel_folder(inputs[0].device) if key is not None else None
-        if kernels is not None and kernels not in _KERNELS_BEFORE:
-            _KERNELS_BEFORE[kernels] = kernels.listing()
-        loaded = self.cache.load(key, self.owner, kernels) if key is not None else None
+        kernels = _noted_kernel_folder(inputs[0].device) if key is not None else None
+        if self._entry is not None:  # read by the first call (see _while_building)
+            loaded, self._entry = self.cache.bind(self._entry, self.owner), None
+        else:
+            loaded = self.cache.load(key, self.owner, kernels) if key is not None else None
         found = time.perf_counter()
         self._from_cache = loaded is not None
         saved = None
@@ -470,11 +512,13 @@ class GraphRunner:
         ``cuda_graphs`` (recorded, one per padded shape), ``recompiles`` (compilations
         after the first, which should stay 0), ``from_cache`` (1 when the compiled
         graph was loaded from the disk cache: nothing traced or compiled for it) and
-        ``building`` (1 while another process builds it and calls run uncompiled)."""
+        ``building`` (1 while calls run uncompiled because the compiled graph is being
+        built by another process or loaded, see ``background``)."""
         return {
             "compilations": self._compilations,
             "cuda_graphs": getattr(self._run, "count", 0),
             "recompiles": max(self._compilations - 1, 0),
             "from_cache": int(self._from_cache),
-            "building": int(self._build is not None and not self._build.done()),
+            "building": int(self.background and self._imports is not None and (
+                not self._imports.done() or self._build is not None and not self._build.done())),
         }

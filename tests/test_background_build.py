@@ -1,6 +1,7 @@
 """Compiling in the background: without a stored graph, calls run uncompiled (ASE's
 Morse numbers) while another process compiles and stores the graph, then load it; a
-second runner of the same model waits for that process instead of compiling too; a
+second runner of the same model waits for that process instead of compiling too; with
+the graph stored, the first call runs uncompiled too while the compiler is imported; a
 failed build is reported and compiled in this process."""
 
 from __future__ import annotations
@@ -64,6 +65,23 @@ def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_pat
         assert each.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
                               "from_cache": 1, "building": 0}
     assert not build.folder.exists()  # its temporary folder is gone
+
+
+def test_with_the_graph_stored_the_first_call_runs_uncompiled_and_a_later_one_loads_it(tmp_path):
+    """Loading imports the compiler (seconds): the first result does not wait for it."""
+    from fastcalc.tracing import GraphRunner
+
+    atoms = crystal((2, 2, 2))
+    GraphRunner(morse_efs, "default", CompileCache(tmp_path), lambda: key("morse-warm"))(
+        *graph_inputs(atoms))  # compiles and stores the graph in this process
+    warm = runner(tmp_path, "morse-warm")
+    assert_ase_numbers(warm(*graph_inputs(atoms)), atoms)
+    assert warm.stats["from_cache"] == 0 and warm._build is None  # uncompiled, nothing built
+    warm.wait()
+    other = crystal((2, 2, 3))
+    assert_ase_numbers(warm(*graph_inputs(other)), other)
+    assert warm.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
+                          "from_cache": 1, "building": 0}
 
 
 def test_a_failed_build_is_reported_and_compiled_in_this_process(tmp_path, monkeypatch):

@@ -88,11 +88,12 @@ def test_a_second_process_runs_the_stored_entry_without_compiling(stored, tmp_pa
 
 def test_loading_an_entry_logs_where_its_time_went(stored, tmp_path):
     _, err = run(stored, tmp_path / "inductor")
-    (line,) = [line for line in err.splitlines() if "loading the stored model" in line]
+    assert "reading the stored model and its kernels took" in err
+    (line,) = [line for line in err.splitlines() if "binding the stored model" in line]
     parts = re.findall(r"(\d+\.\d) s", line)
-    assert len(parts) == 5  # the total, then reading, artifacts, kernels, compiled code
+    assert len(parts) == 3  # the total, then torch's compile artifacts, compiled code
     total, *phases = map(float, parts)
-    assert total == pytest.approx(sum(phases), abs=0.25)  # each rounded to 0.1 s
+    assert total == pytest.approx(sum(phases), abs=0.15)  # each rounded to 0.1 s
     assert "first compiled call" in err
 
 

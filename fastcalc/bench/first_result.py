@@ -4,10 +4,12 @@ energy, forces and stress, as a user restarting a script or a notebook kernel wa
 Each measurement is a new Python process that imports, builds one calculator and
 evaluates one structure (rattled fcc copper). fastcalc runs twice: ``cold`` with empty
 compile caches (fastcalc's disk cache and torch's), where its calculator answers
-uncompiled while another process compiles the model (``compile_in_background``), then,
-once that process has stored it, ``warm`` with fastcalc's disk cache as the cold run
-left it but torch's own caches empty again, as on another node of a job array that
-shares the home folder. The upstream calculator runs ``cold`` and
+uncompiled while another process compiles the model (``compile_in_background``), then
+``warm`` with fastcalc's disk cache as the cold run left it but torch's own caches empty
+again, as on another node of a job array that shares the home folder, where it answers
+uncompiled while it imports the compiler to load the stored model. Each fastcalc process
+then waits for its compiled model and evaluates the structure once more, moved a little
+(``compiled_s``: the first result of compiled code). The upstream calculator runs ``cold`` and
 then ``warm`` with torch's caches as its cold run left them (metatomic compiles
 nothing; fairchem's preset compiles).
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import ase.io
 
-from ..compile_cache import CompileCache
+from ..saved_graph import COMPILER_MODULES
 from .first_result_process import UPSTREAM_PACKAGES
 from .timing import copper, device_name, today
 
@@ -43,7 +45,9 @@ __all__ = ["FirstResultRecord", "time_first_results"]
 
 @dataclass(frozen=True)
 class FirstResultRecord:
-    """One fresh process: ``first_result_s`` from its start to its first result."""
+    """One fresh process: ``first_result_s`` from its start to its first result, and for
+    fastcalc ``compiled_s`` to its first result of compiled code (its first calls may run
+    uncompiled while the compiled model is built or loaded)."""
 
     date: str
     gpu: str
@@ -56,17 +60,11 @@ class FirstResultRecord:
     import_s: float
     build_s: float
     call_s: float
+    compiled_s: float | None
 
 
 #: The script each timed process runs (see the module docstring).
 PROCESS = Path(__file__).with_name("first_result_process.py")
-
-#: Modules the first call imports when it loads or compiles a model (beyond the worker's).
-_LAZY_IMPORTS = (
-    "torch._dynamo.aot_compile", "torch._inductor.compile_fx", "torch._inductor.select_algorithm",
-    "torch._inductor.codegen.memory_planning", "torch._functorch._aot_autograd.autograd_cache",
-)
-
 
 def _environment(folder: Path, torch_caches: str, fastcalc_cache: str) -> dict[str, str]:
     """The process environment with its compile cache folders under ``folder`` and the
@@ -85,7 +83,7 @@ def _environment(folder: Path, torch_caches: str, fastcalc_cache: str) -> dict[s
 def _fill_bytecode_cache(env: dict[str, str], upstream: list[str]) -> None:
     """Import, untimed, what the timed processes import (``upstream``: the packages of the
     upstream calculators timed), so that their bytecode is cached (module docstring)."""
-    modules = ["fastcalc.models", "fastcalc.bench.upstream", "ase.io", *_LAZY_IMPORTS, *upstream]
+    modules = ["fastcalc.models", "fastcalc.bench.upstream", "ase.io", *COMPILER_MODULES, *upstream]
     code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
     subprocess.run([sys.executable, "-c", code, *modules], env=env, check=True,
                    capture_output=True)
@@ -98,7 +96,7 @@ _PROGRESS = re.compile(r": \d\d:\d\d\s*$")
 def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
     """Seconds from starting :data:`PROCESS` with ``ARGS`` to the moment it reports its
     first result (``first_result_s``) and its phases (``import_s``, ``build_s``,
-    ``call_s``), less the time it spent importing fastcalc's helper for an upstream
+    ``call_s``), and to its first compiled result (``compiled_s``, fastcalc's), less the time it spent importing fastcalc's helper for an upstream
     calculator; prints what fastcalc logged at INFO level (reading the model, its first
     call)."""
     start = time.time()
@@ -118,6 +116,7 @@ def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
         "import_s": times["imported_at"] - start,
         "build_s": times["built_at"] - times["imported_at"] - harness,
         "call_s": times["done_at"] - times["built_at"],
+        "compiled_s": None if times["compiled_at"] is None else times["compiled_at"] - start,
     }
 
 
@@ -148,6 +147,4 @@ def time_first_results(
             cache=cache, natoms=natoms,
             **_one_process([family, impl, str(path), device, str(structure)], env),
         ))
-        if impl == "fastcalc":  # the next process finds what the compiling process stored
-            CompileCache(env["FASTCALC_CACHE_DIR"]).wait_for_builds()
     return records

@@ -432,12 +432,14 @@ def run_first_result(
         write_records(records, path)
     rows = "\n".join(
         f"| {r.model} | {r.natoms} | {r.impl} | {r.cache} | {r.first_result_s:.1f} "
-        f"| {r.import_s:.1f} | {r.build_s:.1f} | {r.call_s:.1f} |"
+        f"| {r.import_s:.1f} | {r.build_s:.1f} | {r.call_s:.1f} "
+        f"| {'' if r.compiled_s is None else f'{r.compiled_s:.1f}'} |"
         for r in records
     )
     print(f"\nfirst results in fresh processes on {records[0].gpu}, torch {records[0].torch}: "
           f"wrote {path}\n\n| model | atoms | impl | compile caches | first result s "
-          f"| imports s | build s | first call s |\n|---|---:|---|---|---:|---:|---:|---:|\n"
+          f"| imports s | build s | first call s | compiled result s |\n"
+          f"|---|---:|---|---|---:|---:|---:|---:|---:|\n"
           f"{rows}\n", flush=True)
     return records
 

@@ -224,3 +224,22 @@ def test_compiling_in_the_background_answers_uncompiled_then_replays_cuda_graphs
         assert_close(results(calculator, structure), results(eager, structure))
     stats = calculator.compile_stats
     assert stats["from_cache"] == 1 and stats["compilations"] == 0 and stats["cuda_graphs"] == 2
+
+
+def test_with_the_model_stored_the_first_call_answers_uncompiled_then_replays_cuda_graphs(
+    model, eager, tmp_path
+):
+    """A later process's calculator (here a second one) answers before the compiler is
+    imported to load the stored model, then replays CUDA graphs of the loaded one."""
+    first = CompiledPETCalculator(model.pt, device="cuda", cache_dir=tmp_path,
+                                  compile_in_background=False)
+    atoms = SIZES["bulk"]()
+    results(first, atoms)  # compiles and stores the model
+    later = CompiledPETCalculator(model.pt, device="cuda", cache_dir=tmp_path)
+    assert_close(results(later, atoms), results(eager, atoms))
+    assert later.compile_stats["from_cache"] == 0  # answered uncompiled
+    later.wait_for_compilation()
+    structure = SIZES["bulk x2"]()
+    assert_close(results(later, structure), results(eager, structure))
+    stats = later.compile_stats
+    assert stats["from_cache"] == 1 and stats["compilations"] == 0 and stats["cuda_graphs"] == 1
