@@ -213,12 +213,6 @@ class CompileCache:
         return sorted(path.name.removesuffix(_LOCK)
                       for path in self.folder.glob(f"*{_SUFFIX}{_LOCK}") if held(path))
 
-    def wait_for_builds(self) -> None:
-        """Return once no process builds an entry here."""
-        for path in sorted(self.folder.glob(f"*{_SUFFIX}{_LOCK}")):
-            with locked(path):
-                pass
-
     def read(self, key: CacheKey, kernels: KernelFolder | None = None) -> StoredEntry | None:
         """The entry of ``key``, checked, with its compiled kernels put into the compiler's
         cache folder ``kernels`` where missing; None if there is none. An unusable entry is

@@ -369,8 +369,8 @@ class GraphRunner:
         launched eagerly are not compiled again) or, if there is none, another process
         starts to build it. After that call's eager answer, a thread imports the compiler
         (:class:`fastcalc.saved_graph.CompilerImports`); the first call after both are done
-        loads the graph, in the caller's thread. An eager call that runs out of GPU memory waits
-        instead. A failed build is reported in one warning, then compiled here."""
+        loads the graph, in the caller's thread. An eager call that runs out of GPU memory
+        waits instead. A failed build is reported in one warning, then compiled here."""
         if self._imports is None:
             if not self._prepare(inputs):
                 self.background = False
@@ -379,7 +379,7 @@ class GraphRunner:
             self._imports = CompilerImports()
             if outputs is not None:
                 return outputs
-        elif not self._imports.done() or (self._build is not None and not self._build.done()):
+        elif not self._ready():
             outputs = self._eagerly(inputs)
             if outputs is not None:
                 return outputs
@@ -404,6 +404,10 @@ class GraphRunner:
         if self._entry is None:
             self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
         return self._entry is not None or self._build is not None
+
+    def _ready(self) -> bool:
+        """Whether the compiler is imported and no build is running (once started)."""
+        return self._imports.done() and (self._build is None or self._build.done())
 
     def _eagerly(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
         """``fn(*inputs)``; None if it runs out of GPU memory (the eager model needs more
@@ -519,6 +523,5 @@ class GraphRunner:
             "cuda_graphs": getattr(self._run, "count", 0),
             "recompiles": max(self._compilations - 1, 0),
             "from_cache": int(self._from_cache),
-            "building": int(self.background and self._imports is not None and (
-                not self._imports.done() or self._build is not None and not self._build.done())),
+            "building": int(self.background and self._imports is not None and not self._ready()),
         }

@@ -9,8 +9,8 @@ uncompiled while another process compiles the model (``compile_in_background``),
 again, as on another node of a job array that shares the home folder, where it answers
 uncompiled while it imports the compiler to load the stored model. Each fastcalc process
 then waits for its compiled model and evaluates the structure once more, moved a little
-(``compiled_s``: the first result of compiled code). The upstream calculator runs ``cold`` and
-then ``warm`` with torch's caches as its cold run left them (metatomic compiles
+(``compiled_s``: the first result of compiled code). The upstream calculator runs
+``cold`` and then ``warm`` with torch's caches as its cold run left them (metatomic compiles
 nothing; fairchem's preset compiles).
 
 Each record splits the time into ``import_s`` (from the process's start to its imports
@@ -96,8 +96,8 @@ _PROGRESS = re.compile(r": \d\d:\d\d\s*$")
 def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
     """Seconds from starting :data:`PROCESS` with ``ARGS`` to the moment it reports its
     first result (``first_result_s``) and its phases (``import_s``, ``build_s``,
-    ``call_s``), and to its first compiled result (``compiled_s``, fastcalc's), less the time it spent importing fastcalc's helper for an upstream
-    calculator; prints what fastcalc logged at INFO level (reading the model, its first
+    ``call_s``), and to its first compiled result (``compiled_s``, fastcalc's), less the
+    time it spent importing fastcalc's helper for an upstream calculator; prints what fastcalc logged at INFO level (reading the model, its first
     call)."""
     start = time.time()
     done = subprocess.run(
