@@ -15,6 +15,8 @@ more neighbours than that; both raise :class:`NeighborOverflowError`.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -25,6 +27,16 @@ from .stderr_filter import NO_CUDA_DRIVER_NOTICE, dropping_stderr_lines
 
 with dropping_stderr_lines(NO_CUDA_DRIVER_NOTICE):  # warp's notice on CPU-only machines
     _nvalchemi_neighbor_list = import_neighbor_list()
+
+import warp as wp  # noqa: E402  (nvalchemiops first: it keeps warp's notices quiet)
+from nvalchemiops.neighbors import build_cell_list  # noqa: E402
+from nvalchemiops.torch.neighbors.cell_list import (  # noqa: E402
+    estimate_cell_list_sizes, query_cell_list,
+)
+from nvalchemiops.torch.neighbors.neighbor_utils import allocate_cell_list  # noqa: E402
+from nvalchemiops.torch.types import (  # noqa: E402
+    get_wp_dtype, get_wp_mat_dtype, get_wp_vec_dtype,
+)
 
 __all__ = [
     "MAX_DENSITY",
@@ -108,20 +120,17 @@ def _search(
     search_cells = _search_cells(positions, cells, host_cells, host_pbcs, system_index, cutoff)
     if max_neighbors is not None:
         _refuse_crowded(positions, host_cells, host_pbcs, system_index, cutoff, max_neighbors)
-    kwargs: dict = {"method": "cell_list"}
     if batched:
         counts = torch.bincount(system_index, minlength=cells.shape[0])
         ptr = torch.zeros(cells.shape[0] + 1, dtype=torch.int32, device=device)
         ptr[1:] = torch.cumsum(counts, 0)
-        kwargs.update(
-            cell=search_cells, pbc=pbcs, batch_idx=system_index.to(torch.int32), batch_ptr=ptr
-        )
+        search = partial(_nvalchemi_neighbor_list, positions, cutoff, method="cell_list",
+                         cell=search_cells, pbc=pbcs, batch_idx=system_index.to(torch.int32),
+                         batch_ptr=ptr)
     else:
-        kwargs.update(cell=search_cells[0], pbc=pbcs[0])
+        search = partial(_cell_list, positions, search_cells, pbcs[0], cutoff)
     while True:
-        matrix, counts, shifts = _nvalchemi_neighbor_list(
-            positions, cutoff, max_neighbors=width, **kwargs
-        )
+        matrix, counts, shifts = search(max_neighbors=width)
         needed = int(counts.max())
         if max_neighbors is not None and needed > max_neighbors:
             atom = int(torch.argmax(counts))
@@ -137,6 +146,46 @@ def _search(
     centres = torch.arange(n_atoms, device=device).unsqueeze(1).expand_as(matrix)
     edge_index = torch.stack([centres[real], matrix[real].long()])
     return edge_index, shifts[real].long(), width, needed
+
+
+def _cell_list(
+    positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, cutoff: float,
+    max_neighbors: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """nvalchemiops' cell list search of one system (``cell`` (1, 3, 3)): its neighbor
+    matrix ``(N, max_neighbors)``, counts ``(N,)`` and shifts ``(N, max_neighbors, 3)``,
+    as its ``cell_list`` gives them.
+
+    Built with nvalchemiops' Warp launcher and queried atom by atom (its query's eager
+    path), so no torch custom operator runs: the first call of one imports torch's
+    compiler (dynamo, a second or more of a fresh process), which a calculator's first
+    result, run uncompiled, would otherwise wait for.
+    """
+    atoms, device = positions.shape[0], positions.device
+    cell_count, radius = estimate_cell_list_sizes(cell, pbc, cutoff, min_cells_per_dimension=1)
+    cells = allocate_cell_list(atoms, cell_count, radius, device)
+    matrix = torch.empty((atoms, max_neighbors), dtype=torch.int32, device=device)
+    shifts = torch.empty((atoms, max_neighbors, 3), dtype=torch.int32, device=device)
+    counts = torch.zeros(atoms, dtype=torch.int32, device=device)
+    per_axis, _, atom_shifts, atom_cells, per_cell, starts, by_cell = cells
+    dtype = get_wp_dtype(positions.dtype)
+    stream = (wp.ScopedStream(wp.stream_from_torch(torch.cuda.current_stream(device)),
+                              sync_enter=False)
+              if device.type == "cuda" else nullcontext())
+    with stream:
+        per_cell.zero_()
+        build_cell_list(
+            wp.from_torch(positions, dtype=get_wp_vec_dtype(positions.dtype)),
+            wp.from_torch(cell, dtype=get_wp_mat_dtype(positions.dtype)),
+            wp.from_torch(pbc, dtype=wp.bool), cutoff,
+            wp.from_torch(per_axis, dtype=wp.int32), wp.from_torch(atom_shifts, dtype=wp.vec3i),
+            wp.from_torch(atom_cells, dtype=wp.vec3i), wp.from_torch(per_cell, dtype=wp.int32),
+            wp.from_torch(starts, dtype=wp.int32), wp.from_torch(by_cell, dtype=wp.int32),
+            dtype, str(device), min_cells_per_dimension=1,
+        )
+    query_cell_list(positions, cutoff, cell, pbc, *cells, matrix, shifts, counts,
+                    strategy="atom_centric", atom_centric_path="direct")
+    return matrix, counts, shifts
 
 
 def _search_cells(

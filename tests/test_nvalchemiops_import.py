@@ -93,3 +93,20 @@ def test_threads_completing_the_package_at_once_all_get_their_names():
 def test_a_package_without_an_init_file_has_no_names_to_take_from_one_import():
     spec = type("Spec", (), {"origin": None, "name": "demo"})()
     assert _reexports(spec) == {}
+
+
+def test_an_uncompiled_first_result_does_not_import_torch_s_compiler():
+    """The first call of any torch custom operator imports dynamo (a second or more);
+    fastcalc's neighbour search of one system calls none of nvalchemiops' operators, so
+    PET's uncompiled first result (what a calculator answers while its compiled model is
+    read) does not wait for that import."""
+    loaded = _run(textwrap.dedent("""
+        import json, sys
+        from ase.build import bulk
+        from fastcalc.models import load_calculator
+        atoms = bulk("Cu", cubic=True).repeat(2)
+        atoms.calc = load_calculator("pet-demo-cu", device="cpu", compile_mode="eager")
+        atoms.get_forces()
+        print(json.dumps(sorted(sys.modules)))
+    """))
+    assert "fastcalc.pet.calculator" in loaded and "torch._dynamo" not in loaded
