@@ -34,9 +34,10 @@ import logging
 import os
 import platform
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -193,6 +194,42 @@ class CacheEntry:
     modified: float
 
 
+class EntryReading:
+    """An entry being read in a thread of its own (:meth:`CompileCache.read_in_background`).
+    Its outcome is taken in the caller's thread (:meth:`result`), where an unusable entry
+    is reported and removed, as :meth:`CompileCache.read` does."""
+
+    def __init__(self, check: Callable[[], StoredEntry], path: Path) -> None:
+        self._path = path
+        self._outcome: StoredEntry | Exception | None = None
+        self._thread = threading.Thread(target=self._run, args=(check,),
+                                        name="fastcalc-read-entry")
+        self._thread.start()
+
+    def _run(self, check: Callable[[], StoredEntry]) -> None:
+        try:
+            self._outcome = check()
+        except Exception as error:  # any damage: reported by result()
+            self._outcome = error
+
+    def done(self) -> bool:
+        """Whether the reading is over."""
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Return once the reading is over."""
+        self._thread.join()
+
+    def result(self) -> StoredEntry | None:
+        """The entry read, once the reading is over; None if it is unusable (reported in
+        one warning and removed)."""
+        self._thread.join()
+        if isinstance(self._outcome, Exception):
+            _unusable(self._path, self._outcome)
+            return None
+        return self._outcome
+
+
 class CompileCache:
     """The folder of stored compilations (see the module docstring)."""
 
@@ -220,16 +257,30 @@ class CompileCache:
         path = self.path(key)
         if not path.exists():
             return None
-        start = time.perf_counter()
         try:
-            stored_key, saved, artifacts, machine_code = _read(path)
-            if stored_key != asdict(key):
-                raise ValueError("its key does not match")
-            if kernels is not None:
-                kernels.unpack(machine_code)
+            return self._checked(path, key, kernels)
         except Exception as error:  # any damage: report, drop, compile again
             _unusable(path, error)
             return None
+
+    def read_in_background(self, key: CacheKey, kernels: KernelFolder | None = None
+                           ) -> EntryReading | None:
+        """:meth:`read` in a thread of its own, for an entry there is (None if there is
+        none): the file is checked and its kernels put back while the caller goes on."""
+        path = self.path(key)
+        return EntryReading(functools.partial(self._checked, path, key, kernels), path) \
+            if path.exists() else None
+
+    @staticmethod
+    def _checked(path: Path, key: CacheKey, kernels: KernelFolder | None) -> StoredEntry:
+        """The entry at ``path`` checked against ``key``, its kernels put into ``kernels``;
+        raises if it is damaged."""
+        start = time.perf_counter()
+        stored_key, saved, artifacts, machine_code = _read(path)
+        if stored_key != asdict(key):
+            raise ValueError("its key does not match")
+        if kernels is not None:
+            kernels.unpack(machine_code)
         _log.info("fastcalc: reading the stored model and its kernels took %.1f s",
                   time.perf_counter() - start)
         return StoredEntry(path, saved, artifacts)

@@ -35,7 +35,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch import nn
 
 from .background_build import BackgroundBuild
-from .compile_cache import CacheKey, CompileCache, StoredEntry
+from .compile_cache import CacheKey, CompileCache, EntryReading, StoredEntry
 from .kernel_bundle import KernelFolder, kernel_folder
 from .progress import elapsed
 from .saved_graph import (
@@ -297,15 +297,16 @@ class GraphRunner:
 
     With ``background`` (and a cache), the first calls do not wait for compiled code. A
     first call that finds no stored graph has another process build the entry
-    (:class:`fastcalc.background_build.BackgroundBuild`); one that finds it reads it.
-    Either way, calls run ``fn`` eagerly until the entry is there and a thread has
-    imported the compiler (:class:`fastcalc.saved_graph.CompilerImports`, 2 s or more),
-    and the first call after that loads the entry. A call that runs out of GPU memory
+    (:class:`fastcalc.background_build.BackgroundBuild`); one that finds it reads it in a
+    thread (or at once with ``eager_kernels``: ``fn`` launches, uncompiled, Triton kernels
+    that the entry holds). Either way, calls run ``fn`` eagerly until the entry is there
+    and a thread has imported the compiler (:class:`fastcalc.saved_graph.CompilerImports`,
+    2 s or more), and the first call after that loads the entry. A call that runs out of GPU memory
     eagerly waits instead. If the build fails, the next call reports why in one warning
     and compiles in this process.
 
-    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner`` and
-    ``background`` only (so ``fn`` and ``key`` must pickle: bound methods or module-level
+    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner``,
+    ``background`` and ``eager_kernels`` only (so ``fn`` and ``key`` must pickle: bound methods or module-level
     callables, not closures): compiled code and CUDA graphs belong to one process and one
     copy of the model's tensors, so the copy compiles anew at its first call (from the disk cache
     when there is one), and its ``stats`` start from zero.
@@ -319,6 +320,7 @@ class GraphRunner:
         key: Callable[[], CacheKey] | None = None,
         owner: nn.Module | None = None,
         background: bool = False,
+        eager_kernels: bool = False,
     ) -> None:
         if mode not in COMPILE_MODES[1:]:
             raise ValueError(f"GraphRunner takes a resolved mode {COMPILE_MODES[1:]}, got {mode!r}")
@@ -331,12 +333,14 @@ class GraphRunner:
         self.owner = owner
         self._background = background  # as asked: what a copy gets
         self.background = background and cache is not None
+        self.eager_kernels = eager_kernels
         self._run: Callable[..., tuple[torch.Tensor, ...]] | None = None
         self._compilations = 0
         self._from_cache = False
         self._key: CacheKey | None = None
         self._build: BackgroundBuild | None = None
         self._imports: CompilerImports | None = None
+        self._reading: EntryReading | None = None
         self._entry: StoredEntry | None = None
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -365,12 +369,15 @@ class GraphRunner:
         """``fn(*inputs)`` eagerly while the compiled model is made ready; None once it is
         (or cannot be: ``background`` off, compile here).
 
-        At the first call, a stored graph is read (its kernels put back, so that kernels
-        launched eagerly are not compiled again) or, if there is none, another process
-        starts to build it. After that call's eager answer, a thread imports the compiler
-        (:class:`fastcalc.saved_graph.CompilerImports`); the first call after both are done
-        loads the graph, in the caller's thread. An eager call that runs out of GPU memory
-        waits instead. A failed build is reported in one warning, then compiled here."""
+        At the first call, a thread starts reading a stored graph (checking it and putting
+        its kernels back; with ``eager_kernels`` it is read first, so that the kernels
+        ``fn`` launches eagerly are not compiled again) or, if there is none, another
+        process starts to build it; a graph that proves unusable is reported and built so.
+        After that call's eager answer, a thread imports the compiler
+        (:class:`fastcalc.saved_graph.CompilerImports`); the first call after all this is
+        done loads the graph, in the caller's thread. An eager call that runs out of GPU
+        memory waits instead. A failed build is reported in one warning, then compiled
+        here."""
         if self._imports is None:
             if not self._prepare(inputs):
                 self.background = False
@@ -379,11 +386,14 @@ class GraphRunner:
             self._imports = CompilerImports()
             if outputs is not None:
                 return outputs
-        elif not self._ready():
+        self._take_reading(inputs)
+        if not self._ready():
             outputs = self._eagerly(inputs)
             if outputs is not None:
                 return outputs
         self.wait()
+        if self._reading is not None:  # read while waiting: an unusable entry is compiled here
+            self._entry, self._reading = self._reading.result(), None
         build, self._build, self.background = self._build, None, False
         if build is None:
             return None
@@ -397,17 +407,35 @@ class GraphRunner:
         return None
 
     def _prepare(self, inputs: Sequence[torch.Tensor]) -> bool:
-        """Read the stored graph, or start another process building it; False if neither
-        (``fn`` cannot go to another process)."""
+        """Start reading the stored graph in a thread (or read it now, with
+        ``eager_kernels``, so that the kernels ``fn`` launches are in place before it
+        runs), or start another process building it; False if neither (``fn`` cannot go
+        to another process)."""
         key = self._cache_key()
-        self._entry = self.cache.read(key, _noted_kernel_folder(inputs[0].device))
-        if self._entry is None:
+        kernels = _noted_kernel_folder(inputs[0].device)
+        if self.eager_kernels:
+            self._entry = self.cache.read(key, kernels)
+        else:
+            self._reading = self.cache.read_in_background(key, kernels)
+        if self._entry is None and self._reading is None:
             self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
-        return self._entry is not None or self._build is not None
+        return self._entry is not None or self._reading is not None or self._build is not None
+
+    def _take_reading(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Once the stored graph is read, keep it; if it proved unusable (reported and
+        removed), start another process building it."""
+        if self._reading is None or not self._reading.done():
+            return
+        self._entry, self._reading = self._reading.result(), None
+        if self._entry is None:
+            self._build = BackgroundBuild.start(self.cache, self._cache_key(), self.fn,
+                                                self.owner, inputs)
 
     def _ready(self) -> bool:
-        """Whether the compiler is imported and no build is running (once started)."""
-        return self._imports.done() and (self._build is None or self._build.done())
+        """Whether the compiler is imported, the stored graph read and no build running
+        (once started)."""
+        return (self._imports.done() and (self._reading is None or self._reading.done())
+                and (self._build is None or self._build.done()))
 
     def _eagerly(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
         """``fn(*inputs)``; None if it runs out of GPU memory (the eager model needs more
@@ -420,10 +448,13 @@ class GraphRunner:
             return None
 
     def wait(self) -> None:
-        """Block until the compiled model is ready (a background build over, the compiler
-        imported): the next call then runs compiled code."""
+        """Block until the compiled model is ready (a background build or the reading of
+        the stored graph over, the compiler imported): the next call then runs compiled
+        code."""
         if self._build is not None:
             self._build.wait()
+        if self._reading is not None:
+            self._reading.wait()
         if self._imports is not None:
             self._imports.wait()
 
@@ -434,7 +465,7 @@ class GraphRunner:
         start = time.perf_counter()
         key = self._cache_key()
         kernels = _noted_kernel_folder(inputs[0].device) if key is not None else None
-        if self._entry is not None:  # read by the first call (see _while_building)
+        if self._entry is not None:  # read since the first call (see _while_building)
             loaded, self._entry = self.cache.bind(self._entry, self.owner), None
         else:
             loaded = self.cache.load(key, self.owner, kernels) if key is not None else None
@@ -505,6 +536,7 @@ class GraphRunner:
         return {
             "fn": self.fn, "mode": self.mode, "cache": self.cache, "key": self.key,
             "owner": self.owner, "background": self._background,
+            "eager_kernels": self.eager_kernels,
         }
 
     def __setstate__(self, state: dict) -> None:

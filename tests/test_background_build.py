@@ -1,8 +1,9 @@
 """Compiling in the background: without a stored graph, calls run uncompiled (ASE's
 Morse numbers) while another process compiles and stores the graph, then load it; a
 second runner of the same model waits for that process instead of compiling too; with
-the graph stored, the first call runs uncompiled too while the compiler is imported; a
-failed build is reported and compiled in this process."""
+the graph stored, the first call runs uncompiled too while the graph is read and the
+compiler imported; a graph read unusable is reported and built again; a failed build
+is reported and compiled in this process."""
 
 from __future__ import annotations
 
@@ -82,6 +83,27 @@ def test_with_the_graph_stored_the_first_call_runs_uncompiled_and_a_later_one_lo
     assert_ase_numbers(warm(*graph_inputs(other)), other)
     assert warm.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
                           "from_cache": 1, "building": 0}
+
+
+def test_a_stored_graph_read_unusable_in_the_background_is_reported_and_built_again(tmp_path):
+    """The first call reads the stored graph in a thread while it runs uncompiled; the
+    damage is reported at the next call, which has another process build the graph."""
+    from fastcalc.tracing import GraphRunner
+
+    atoms = crystal((2, 2, 2))
+    GraphRunner(morse_efs, "default", CompileCache(tmp_path), lambda: key("morse-damaged"))(
+        *graph_inputs(atoms))
+    entry = CompileCache(tmp_path).path(key("morse-damaged"))
+    entry.write_bytes(entry.read_bytes()[:-100])  # its end lost
+    damaged = runner(tmp_path, "morse-damaged")
+    assert_ase_numbers(damaged(*graph_inputs(atoms)), atoms)
+    damaged.wait()  # the reading is over, not yet reported
+    with pytest.warns(UserWarning, match="is unusable .its contents do not match"):
+        assert_ase_numbers(damaged(*graph_inputs(atoms)), atoms)
+    assert damaged._build.process is not None and damaged.stats["building"] == 1
+    damaged.wait()
+    assert_ase_numbers(damaged(*graph_inputs(atoms)), atoms)
+    assert damaged.stats["from_cache"] == 1 and damaged.stats["compilations"] == 0
 
 
 def test_a_failed_build_is_reported_and_compiled_in_this_process(tmp_path, monkeypatch):
