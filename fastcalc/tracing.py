@@ -301,15 +301,15 @@ class GraphRunner:
     thread (or at once with ``eager_kernels``: ``fn`` launches, uncompiled, Triton kernels
     that the entry holds). Either way, calls run ``fn`` eagerly until the entry is there
     and a thread has imported the compiler (:class:`fastcalc.saved_graph.CompilerImports`,
-    2 s or more), and the first call after that loads the entry. A call that runs out of GPU memory
-    eagerly waits instead. If the build fails, the next call reports why in one warning
-    and compiles in this process.
+    2 s or more), and the first call after that loads the entry. A call that runs out of
+    GPU memory eagerly waits instead. If the build fails, the next call reports why in one
+    warning and compiles in this process.
 
     A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner``,
-    ``background`` and ``eager_kernels`` only (so ``fn`` and ``key`` must pickle: bound methods or module-level
-    callables, not closures): compiled code and CUDA graphs belong to one process and one
-    copy of the model's tensors, so the copy compiles anew at its first call (from the disk cache
-    when there is one), and its ``stats`` start from zero.
+    ``background`` and ``eager_kernels`` only (so ``fn`` and ``key`` must pickle: bound
+    methods or module-level callables, not closures): compiled code and CUDA graphs belong
+    to one process and one copy of the model's tensors, so the copy compiles anew at its
+    first call (from the disk cache when there is one), and its ``stats`` start from zero.
     """
 
     def __init__(
