@@ -195,9 +195,10 @@ class CacheEntry:
 
 
 class EntryReading:
-    """An entry being read in a thread of its own (:meth:`CompileCache.read_in_background`).
-    Its outcome is taken in the caller's thread (:meth:`result`), where an unusable entry
-    is reported and removed, as :meth:`CompileCache.read` does."""
+    """An entry at ``path`` being read in a thread of its own by ``check`` (which ends in
+    :meth:`CompileCache.checked`). Its outcome is taken in the caller's thread
+    (:meth:`result`), where an unusable entry is reported and removed, as
+    :meth:`CompileCache.read` does."""
 
     def __init__(self, check: Callable[[], StoredEntry], path: Path) -> None:
         self._path = path
@@ -258,23 +259,15 @@ class CompileCache:
         if not path.exists():
             return None
         try:
-            return self._checked(path, key, kernels)
+            return self.checked(key, kernels)
         except Exception as error:  # any damage: report, drop, compile again
             _unusable(path, error)
             return None
 
-    def read_in_background(self, key: CacheKey, kernels: KernelFolder | None = None
-                           ) -> EntryReading | None:
-        """:meth:`read` in a thread of its own, for an entry there is (None if there is
-        none): the file is checked and its kernels put back while the caller goes on."""
+    def checked(self, key: CacheKey, kernels: KernelFolder | None = None) -> StoredEntry:
+        """The entry of ``key`` read and checked, its kernels put into ``kernels``; raises
+        if it is damaged (:meth:`read` and :class:`EntryReading` report that)."""
         path = self.path(key)
-        return EntryReading(functools.partial(self._checked, path, key, kernels), path) \
-            if path.exists() else None
-
-    @staticmethod
-    def _checked(path: Path, key: CacheKey, kernels: KernelFolder | None) -> StoredEntry:
-        """The entry at ``path`` checked against ``key``, its kernels put into ``kernels``;
-        raises if it is damaged."""
         start = time.perf_counter()
         stored_key, saved, artifacts, machine_code = _read(path)
         if stored_key != asdict(key):

@@ -26,6 +26,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.fx
@@ -298,12 +299,12 @@ class GraphRunner:
     With ``background`` (and a cache), the first calls do not wait for compiled code. A
     first call that finds no stored graph has another process build the entry
     (:class:`fastcalc.background_build.BackgroundBuild`); one that finds it reads it in a
-    thread (or at once with ``eager_kernels``: ``fn`` launches, uncompiled, Triton kernels
-    that the entry holds). Either way, calls run ``fn`` eagerly until the entry is there
-    and a thread has imported the compiler (:class:`fastcalc.saved_graph.CompilerImports`,
-    2 s or more), and the first call after that loads the entry. A call that runs out of
-    GPU memory eagerly waits instead. If the build fails, the next call reports why in one
-    warning and compiles in this process.
+    thread after the first answer (or before, with ``eager_kernels``: ``fn`` launches,
+    uncompiled, Triton kernels that the entry holds). Either way, calls run ``fn`` eagerly
+    until the entry is there and a thread has imported the compiler
+    (:class:`fastcalc.saved_graph.CompilerImports`, 2 s or more), and the first call after
+    that loads the entry. A call that runs out of GPU memory eagerly waits instead. If the
+    build fails, the next call reports why in one warning and compiles in this process.
 
     A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner``,
     ``background`` and ``eager_kernels`` only (so ``fn`` and ``key`` must pickle: bound
@@ -340,6 +341,7 @@ class GraphRunner:
         self._key: CacheKey | None = None
         self._build: BackgroundBuild | None = None
         self._imports: CompilerImports | None = None
+        self._stored = False
         self._reading: EntryReading | None = None
         self._entry: StoredEntry | None = None
 
@@ -369,21 +371,24 @@ class GraphRunner:
         """``fn(*inputs)`` eagerly while the compiled model is made ready; None once it is
         (or cannot be: ``background`` off, compile here).
 
-        At the first call, a thread starts reading a stored graph (checking it and putting
-        its kernels back; with ``eager_kernels`` it is read first, so that the kernels
-        ``fn`` launches eagerly are not compiled again) or, if there is none, another
-        process starts to build it; a graph that proves unusable is reported and built so.
-        After that call's eager answer, a thread imports the compiler
-        (:class:`fastcalc.saved_graph.CompilerImports`); the first call after all this is
-        done loads the graph, in the caller's thread. An eager call that runs out of GPU
-        memory waits instead. A failed build is reported in one warning, then compiled
-        here."""
+        At the first call, if there is no stored graph, another process starts to build
+        it. After that call's eager answer, a thread imports the compiler
+        (:class:`fastcalc.saved_graph.CompilerImports`) and another then reads the stored
+        graph (checking it and putting its kernels back; with ``eager_kernels`` it was
+        read before the eager answer, so that the kernels ``fn`` launches are not compiled
+        again); a graph that proves unusable is reported and built by another process.
+        The first call after all this is done loads the graph, in the caller's thread. An
+        eager call that runs out of GPU memory waits instead. A failed build is reported
+        in one warning, then compiled here."""
         if self._imports is None:
             if not self._prepare(inputs):
                 self.background = False
                 return None
             outputs = self._eagerly(inputs)
             self._imports = CompilerImports()
+            if self._stored and self._entry is None:
+                self._reading = EntryReading(partial(self._read_stored, inputs[0].device),
+                                             self.cache.path(self._cache_key()))
             if outputs is not None:
                 return outputs
         self._take_reading(inputs)
@@ -407,19 +412,24 @@ class GraphRunner:
         return None
 
     def _prepare(self, inputs: Sequence[torch.Tensor]) -> bool:
-        """Start reading the stored graph in a thread (or read it now, with
-        ``eager_kernels``, so that the kernels ``fn`` launches are in place before it
-        runs), or start another process building it; False if neither (``fn`` cannot go
-        to another process)."""
+        """Note whether there is a stored graph (read now with ``eager_kernels``, so that
+        the kernels ``fn`` launches are in place before it runs; later in a thread
+        otherwise), or start another process building it; False if neither (``fn`` cannot
+        go to another process)."""
         key = self._cache_key()
-        kernels = _noted_kernel_folder(inputs[0].device)
-        if self.eager_kernels:
-            self._entry = self.cache.read(key, kernels)
-        else:
-            self._reading = self.cache.read_in_background(key, kernels)
-        if self._entry is None and self._reading is None:
+        self._stored = self.cache.path(key).exists()
+        if self._stored and self.eager_kernels:
+            self._entry = self.cache.read(key, _noted_kernel_folder(inputs[0].device))
+            self._stored = self._entry is not None
+        if not self._stored:
             self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
-        return self._entry is not None or self._reading is not None or self._build is not None
+        return self._stored or self._build is not None
+
+    def _read_stored(self, device: torch.device) -> StoredEntry:
+        """The stored graph, checked, its kernels put back: in a thread of its own, after
+        the compiler's imports (finding the kernels' folder imports inductor)."""
+        self._imports.wait()
+        return self.cache.checked(self._cache_key(), _noted_kernel_folder(device))
 
     def _take_reading(self, inputs: Sequence[torch.Tensor]) -> None:
         """Once the stored graph is read, keep it; if it proved unusable (reported and

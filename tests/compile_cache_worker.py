@@ -10,8 +10,8 @@ import sys
 
 import torch
 import torch._inductor.cpp_builder
-from test_tracing import crystal, graph_inputs, morse_efs
 
+from pair_potential import crystal, graph_inputs, morse_efs
 from fastcalc.compile_cache import CacheKey, CompileCache
 from fastcalc.tracing import GraphRunner
 

@@ -6,11 +6,13 @@ ASE computes forces and stress analytically, fastcalc by autograd.
 """
 
 import torch
+from ase.build import bulk
 from ase.calculators.morse import MorsePotential
 
 from fastcalc import PotentialCalculator
-from fastcalc.buckets import PaddedEdges
-from fastcalc.geometry import edge_vectors
+from fastcalc.buckets import PaddedEdges, pad_edges
+from fastcalc.geometry import edge_vectors, energy_forces_stress
+from fastcalc.neighbors import neighbor_list
 
 EPSILON, RHO0, R0, RCUT1, RCUT2 = 0.4, 5.0, 2.6, 1.5, 2.2
 CUTOFF = RCUT2 * R0
@@ -35,3 +37,23 @@ def morse_calculator(**kwargs) -> PotentialCalculator:
     """The Morse potential on fastcalc's machinery (float64 on CPU unless told)."""
     kwargs.setdefault("dtype", "float64")
     return PotentialCalculator(morse_energy, CUTOFF, device="cpu", **kwargs)
+
+
+def morse_efs(positions, cell, numbers, edge_index, unit_shifts, edge_mask):
+    edges = PaddedEdges(edge_index, unit_shifts, edge_mask)
+    return energy_forces_stress(
+        lambda x, c: morse_energy(x, c, numbers, edges), positions, cell, compute_stress=True
+    )
+
+
+def crystal(repeats):
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(repeats)
+    atoms.rattle(0.1, seed=sum(repeats))
+    return atoms
+
+
+def graph_inputs(atoms, bucket_size=64):
+    positions, cell = torch.tensor(atoms.positions), torch.tensor(atoms.cell.array)
+    edge_index, shifts = neighbor_list(positions, cell, torch.tensor(atoms.pbc), CUTOFF)
+    edges = pad_edges(edge_index, shifts, cell, CUTOFF, bucket_size)
+    return positions, cell, torch.tensor(atoms.numbers), edges.edge_index, edges.unit_shifts, edges.edge_mask

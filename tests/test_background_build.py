@@ -7,6 +7,9 @@ is reported and compiled in this process."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import types
@@ -15,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pair_potential import ase_morse
-from test_tracing import crystal, graph_inputs, morse_efs
+from pair_potential import ase_morse, crystal, graph_inputs, morse_efs
 
 from fastcalc.background_build import BackgroundBuild
 from fastcalc.compile_cache import CacheKey, CompileCache, held
@@ -83,6 +85,52 @@ def test_with_the_graph_stored_the_first_call_runs_uncompiled_and_a_later_one_lo
     assert_ase_numbers(warm(*graph_inputs(other)), other)
     assert warm.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
                           "from_cache": 1, "building": 0}
+
+
+_IMPORTS_SEEN = """
+import importlib.abc, json, sys, threading
+importing = {}
+
+class NoteImports(importlib.abc.MetaPathFinder):  # which thread imports dynamo first
+    def find_spec(self, name, path, target=None):
+        if name == "torch._dynamo":
+            importing.setdefault(name, threading.current_thread().name)
+        return None
+
+sys.meta_path.insert(0, NoteImports())
+from pair_potential import crystal, graph_inputs, morse_efs
+from fastcalc.compile_cache import CacheKey, CompileCache
+from fastcalc.tracing import GraphRunner
+import torch
+key = CacheKey.create("morse-imports", torch.device("cpu"), torch.float64, "float32", "default")
+warm = GraphRunner(morse_efs, "default", CompileCache(sys.argv[1]), lambda: key, background=True)
+atoms = crystal((2, 2, 2))
+first = [x.tolist() for x in warm(*graph_inputs(atoms))]
+warm.wait()
+later = [x.tolist() for x in warm(*graph_inputs(atoms))]
+print(json.dumps({"first": first, "later": later, "stats": warm.stats,
+                  "dynamo": importing.get("torch._dynamo")}))
+"""
+
+
+def test_a_process_that_finds_the_graph_stored_imports_the_compiler_in_a_thread(tmp_path):
+    """Its first result waits for no import of dynamo (a second or more): neither the
+    neighbour search nor finding the stored graph imports it, a thread does after that
+    result, and the graph is read and loaded after that."""
+    from fastcalc.tracing import GraphRunner
+
+    atoms = crystal((2, 2, 2))
+    GraphRunner(morse_efs, "default", CompileCache(tmp_path), lambda: key("morse-imports"))(
+        *graph_inputs(atoms))
+    tests = Path(__file__).parent
+    done = subprocess.run([sys.executable, "-c", _IMPORTS_SEEN, str(tmp_path)],
+                          capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(tests)})
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["dynamo"] == "fastcalc-compiler-imports"
+    assert seen["stats"]["from_cache"] == 1 and seen["stats"]["compilations"] == 0
+    for outputs in (seen["first"], seen["later"]):
+        assert_ase_numbers([torch.tensor(x, dtype=torch.float64) for x in outputs], atoms)
 
 
 def test_a_stored_graph_read_unusable_in_the_background_is_reported_and_built_again(tmp_path):

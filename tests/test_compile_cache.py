@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_tracing import crystal, graph_inputs, morse_efs
 
+from pair_potential import crystal, graph_inputs, morse_efs
 from fastcalc.compile_cache import (
     CACHE_ENV,
     CacheKey,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_tracing import crystal, graph_inputs, morse_efs
 
+from pair_potential import crystal, graph_inputs, morse_efs
 from fastcalc import kernel_bundle, tracing
 from fastcalc.compile_cache import CacheKey, CompileCache
 from fastcalc.kernel_bundle import KernelFolder, kernel_folder

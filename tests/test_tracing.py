@@ -4,34 +4,10 @@ numbers at every size, and ``compile_mode`` has one meaning."""
 import numpy as np
 import pytest
 import torch
-from ase.build import bulk
-from pair_potential import CUTOFF, ase_morse, morse_energy
+from pair_potential import ase_morse, crystal, graph_inputs, morse_efs
 from torch._dynamo.utils import counters
 
-from fastcalc.buckets import PaddedEdges, pad_edges
-from fastcalc.geometry import energy_forces_stress
-from fastcalc.neighbors import neighbor_list
 from fastcalc.tracing import GraphRunner, resolve_compile_mode, trace
-
-
-def morse_efs(positions, cell, numbers, edge_index, unit_shifts, edge_mask):
-    edges = PaddedEdges(edge_index, unit_shifts, edge_mask)
-    return energy_forces_stress(
-        lambda x, c: morse_energy(x, c, numbers, edges), positions, cell, compute_stress=True
-    )
-
-
-def crystal(repeats):
-    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(repeats)
-    atoms.rattle(0.1, seed=sum(repeats))
-    return atoms
-
-
-def graph_inputs(atoms, bucket_size=64):
-    positions, cell = torch.tensor(atoms.positions), torch.tensor(atoms.cell.array)
-    edge_index, shifts = neighbor_list(positions, cell, torch.tensor(atoms.pbc), CUTOFF)
-    edges = pad_edges(edge_index, shifts, cell, CUTOFF, bucket_size)
-    return positions, cell, torch.tensor(atoms.numbers), edges.edge_index, edges.unit_shifts, edges.edge_mask
 
 
 @pytest.fixture(scope="module")
