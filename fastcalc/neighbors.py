@@ -161,6 +161,7 @@ def _cell_list(
     compiler (dynamo, a second or more of a fresh process), which a calculator's first
     result, run uncompiled, would otherwise wait for.
     """
+    positions, cell = positions.detach(), cell.detach()  # Warp would give them gradients
     atoms, device = positions.shape[0], positions.device
     cell_count, radius = estimate_cell_list_sizes(cell, pbc, cutoff, min_cells_per_dimension=1)
     cells = allocate_cell_list(atoms, cell_count, radius, device)

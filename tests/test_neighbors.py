@@ -80,6 +80,18 @@ def test_matches_ase(name, cutoff):
     assert ours(atoms, cutoff) == ase_edges(atoms, cutoff)
 
 
+def test_a_search_leaves_the_inputs_gradients_alone():
+    """Positions and cell that require gradients (a model's inputs) get none from the
+    search: nvalchemiops' Warp arrays would otherwise make their ``.grad``."""
+    atoms = rattled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2))
+    positions = torch.tensor(atoms.positions, requires_grad=True)
+    cell = torch.tensor(atoms.cell.array, requires_grad=True)
+    edge_index, shifts = neighbor_list(positions, cell, torch.tensor(atoms.pbc), 5.0)
+    assert positions.grad is None and cell.grad is None
+    found = sorted(zip(*edge_index.tolist(), *shifts.T.tolist()))
+    assert found == ase_edges(atoms, 5.0)
+
+
 def test_many_neighbours_are_all_found():
     """A dense cluster overflows the initial matrix width; no edge may be lost."""
     rng = np.random.default_rng(1)
