@@ -6,6 +6,11 @@ edges that ASE returns, for one system or a batch of systems, on CPU or CUDA.
 :class:`VerletNeighborList` adds a Verlet skin so that the search runs only when
 atoms have moved far enough to matter.
 
+One system is searched with nvalchemiops' cell list built by its Warp launcher and
+queried through its eager atom-centric path (:func:`_cell_list`), a batch through its torch
+``neighbor_list``: the first call of a torch custom operator, such as that function's,
+imports torch's compiler, which a calculator's first, uncompiled result need not wait for.
+
 Given ``max_neighbors``, a search is refused before it runs when an estimate made from
 the cell and the atoms' density (:func:`estimate_crowding`) shows a geometry no real
 structure has (wrong units, a nearly degenerate cell), and after it when an atom has
