@@ -56,4 +56,5 @@ def graph_inputs(atoms, bucket_size=64):
     positions, cell = torch.tensor(atoms.positions), torch.tensor(atoms.cell.array)
     edge_index, shifts = neighbor_list(positions, cell, torch.tensor(atoms.pbc), CUTOFF)
     edges = pad_edges(edge_index, shifts, cell, CUTOFF, bucket_size)
-    return positions, cell, torch.tensor(atoms.numbers), edges.edge_index, edges.unit_shifts, edges.edge_mask
+    return (positions, cell, torch.tensor(atoms.numbers), edges.edge_index, edges.unit_shifts,
+            edges.edge_mask)

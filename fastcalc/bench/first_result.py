@@ -97,8 +97,8 @@ def _one_process(args: list[str], env: dict[str, str]) -> dict[str, float]:
     """Seconds from starting :data:`PROCESS` with ``ARGS`` to the moment it reports its
     first result (``first_result_s``) and its phases (``import_s``, ``build_s``,
     ``call_s``), and to its first compiled result (``compiled_s``, fastcalc's), less the
-    time it spent importing fastcalc's helper for an upstream calculator; prints what fastcalc logged at INFO level (reading the model, its first
-    call)."""
+    time it spent importing fastcalc's helper for an upstream calculator; prints what
+    fastcalc logged at INFO level (reading the model, its first call)."""
     start = time.time()
     done = subprocess.run(
         [sys.executable, str(PROCESS), *args], env=env, capture_output=True, text=True,
