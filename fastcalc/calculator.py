@@ -577,15 +577,7 @@ class TorchCalculator(Calculator):
         if cache is None:
             return GraphRunner(fn, mode)
         return GraphRunner(fn, mode, cache, partial(self._cache_key, graph), owner=self.core,
-                           background=self.compile_in_background,
-                           eager_kernels=self.eager_kernels)
-
-    @property
-    def eager_kernels(self) -> bool:
-        """Whether the model, run uncompiled, launches Triton kernels (then a stored compiled
-        model, which holds their machine code, is read before the first uncompiled call, so
-        that they are not compiled again): here, the TF32 products of ``"3xtf32"`` on CUDA."""
-        return self.device.type == "cuda" and self.precision == "3xtf32"
+                           background=self.compile_in_background)
 
     def _cache_key(self, graph: str) -> CacheKey:
         """The disk cache key of this calculator's compiled function ``graph``."""

@@ -20,7 +20,8 @@ The choice is read when a model's function is traced, and baked into the graph a
 custom operators ``fastcalc::tf32_matmul``, ``fastcalc::tf32_linear`` and
 ``fastcalc::tf32x3_linear`` (the linear maps add their bias in the same product), which
 CUDA graphs record like any other. TF32 exists only on CUDA: elsewhere ``"tf32"`` and
-``"3xtf32"`` compute what ``"float32"`` does.
+``"3xtf32"`` compute what ``"float32"`` does, and so do the uncompiled calls a calculator
+answers in plain torch (:mod:`fastcalc.plain_torch`) while its compiled model loads.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .plain_torch import is_plain
 
 __all__ = [
     "PRECISIONS", "Linear", "check_precision", "global_tf32", "linear", "matmul",
@@ -207,8 +210,10 @@ _register_linear(_tf32x3_linear)
 
 
 def _network(x: torch.Tensor) -> str:
-    """The network's precision for products of ``x``: ``"float32"`` off CUDA or float32."""
-    if not (x.is_cuda and x.dtype == torch.float32):
+    """The network's precision for products of ``x``: ``"float32"`` off CUDA or float32,
+    and within :func:`fastcalc.plain_torch.plain_torch` (its products are custom
+    operators)."""
+    if not (x.is_cuda and x.dtype == torch.float32) or is_plain():
         return "float32"
     return _NETWORK.get()
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 from torch.autograd.function import FunctionCtx
 
+from .plain_torch import is_plain
+
 Function = Callable[[torch.Tensor], torch.Tensor]
 
 __all__ = ["recomputed"]
@@ -54,5 +56,6 @@ class _Recomputed(torch.autograd.Function):
 def recomputed(fn: Function, x: torch.Tensor) -> torch.Tensor:
     """``fn(x)``, differentiable in ``x``, keeping only ``x`` for the backward pass, which
     evaluates ``fn`` again. ``fn`` must be deterministic and differentiable in its input
-    alone (frozen weights)."""
-    return _Recomputed.apply(x, fn)
+    alone (frozen weights). Within :func:`fastcalc.plain_torch.plain_torch`, plain
+    ``fn(x)``: the recomputation calls a custom operator."""
+    return fn(x) if is_plain() else _Recomputed.apply(x, fn)

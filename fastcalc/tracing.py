@@ -38,6 +38,7 @@ from torch import nn
 from .background_build import BackgroundBuild
 from .compile_cache import CacheKey, CompileCache, EntryReading, StoredEntry
 from .kernel_bundle import KernelFolder, kernel_folder
+from .plain_torch import plain_torch
 from .progress import elapsed
 from .saved_graph import (
     COMPILE_OPTIONS, CompilerImports, GuardsRefused, LoadedGraph, SavedGraph, compile_ahead,
@@ -299,15 +300,16 @@ class GraphRunner:
     With ``background`` (and a cache), the first calls do not wait for compiled code. A
     first call that finds no stored graph has another process build the entry
     (:class:`fastcalc.background_build.BackgroundBuild`); one that finds it reads it in a
-    thread after the first answer (or before, with ``eager_kernels``: ``fn`` launches,
-    uncompiled, Triton kernels that the entry holds). Either way, calls run ``fn`` eagerly
-    until the entry is there and a thread has imported the compiler
-    (:class:`fastcalc.saved_graph.CompilerImports`, 2 s or more), and the first call after
-    that loads the entry. A call that runs out of GPU memory eagerly waits instead. If the
-    build fails, the next call reports why in one warning and compiles in this process.
+    thread after the first answer. Either way, calls run ``fn`` eagerly, within
+    :func:`fastcalc.plain_torch.plain_torch` (so that they wait for neither dynamo's
+    import nor Triton's kernels), until the entry is there and a thread has imported the
+    compiler (:class:`fastcalc.saved_graph.CompilerImports`, 2 s or more), and the first
+    call after that loads the entry. A call that runs out of GPU memory eagerly waits
+    instead. If the build fails, the next call reports why in one warning and compiles in
+    this process.
 
-    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner``,
-    ``background`` and ``eager_kernels`` only (so ``fn`` and ``key`` must pickle: bound
+    A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner``
+    and ``background`` only (so ``fn`` and ``key`` must pickle: bound
     methods or module-level callables, not closures): compiled code and CUDA graphs belong
     to one process and one copy of the model's tensors, so the copy compiles anew at its
     first call (from the disk cache when there is one), and its ``stats`` start from zero.
@@ -321,7 +323,6 @@ class GraphRunner:
         key: Callable[[], CacheKey] | None = None,
         owner: nn.Module | None = None,
         background: bool = False,
-        eager_kernels: bool = False,
     ) -> None:
         if mode not in COMPILE_MODES[1:]:
             raise ValueError(f"GraphRunner takes a resolved mode {COMPILE_MODES[1:]}, got {mode!r}")
@@ -334,7 +335,6 @@ class GraphRunner:
         self.owner = owner
         self._background = background  # as asked: what a copy gets
         self.background = background and cache is not None
-        self.eager_kernels = eager_kernels
         self._run: Callable[..., tuple[torch.Tensor, ...]] | None = None
         self._compilations = 0
         self._from_cache = False
@@ -374,9 +374,8 @@ class GraphRunner:
         At the first call, if there is no stored graph, another process starts to build
         it. After that call's eager answer, a thread imports the compiler
         (:class:`fastcalc.saved_graph.CompilerImports`) and another then reads the stored
-        graph (checking it and putting its kernels back; with ``eager_kernels`` it was
-        read before the eager answer, so that the kernels ``fn`` launches are not compiled
-        again); a graph that proves unusable is reported and built by another process.
+        graph (checking it and putting its kernels back); a graph that proves unusable is
+        reported and built by another process.
         The first call after all this is done loads the graph, in the caller's thread. An
         eager call that runs out of GPU memory waits instead. A failed build is reported
         in one warning, then compiled here."""
@@ -386,7 +385,7 @@ class GraphRunner:
                 return None
             outputs = self._eagerly(inputs)
             self._imports = CompilerImports()
-            if self._stored and self._entry is None:
+            if self._stored:
                 self._reading = EntryReading(partial(self._read_stored, inputs[0].device),
                                              self.cache.path(self._cache_key()))
             if outputs is not None:
@@ -412,15 +411,10 @@ class GraphRunner:
         return None
 
     def _prepare(self, inputs: Sequence[torch.Tensor]) -> bool:
-        """Note whether there is a stored graph (read now with ``eager_kernels``, so that
-        the kernels ``fn`` launches are in place before it runs; later in a thread
-        otherwise), or start another process building it; False if neither (``fn`` cannot
-        go to another process)."""
+        """Note whether there is a stored graph (read later, in a thread), or start another
+        process building it; False if neither (``fn`` cannot go to another process)."""
         key = self._cache_key()
         self._stored = self.cache.path(key).exists()
-        if self._stored and self.eager_kernels:
-            self._entry = self.cache.read(key, _noted_kernel_folder(inputs[0].device))
-            self._stored = self._entry is not None
         if not self._stored:
             self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
         return self._stored or self._build is not None
@@ -448,10 +442,12 @@ class GraphRunner:
                 and (self._build is None or self._build.done()))
 
     def _eagerly(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
-        """``fn(*inputs)``; None if it runs out of GPU memory (the eager model needs more
-        than the compiled one, which is then waited for)."""
+        """``fn(*inputs)`` in plain torch (:func:`fastcalc.plain_torch.plain_torch`); None if
+        it runs out of GPU memory (the eager model needs more than the compiled one, which
+        is then waited for)."""
         try:
-            return self.fn(*inputs)
+            with plain_torch():
+                return self.fn(*inputs)
         except torch.OutOfMemoryError:
             _log.info("fastcalc: the uncompiled model ran out of memory; waiting for the "
                       "compiled one")
@@ -546,7 +542,6 @@ class GraphRunner:
         return {
             "fn": self.fn, "mode": self.mode, "cache": self.cache, "key": self.key,
             "owner": self.owner, "background": self._background,
-            "eager_kernels": self.eager_kernels,
         }
 
     def __setstate__(self, state: dict) -> None:

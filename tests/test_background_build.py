@@ -1,9 +1,9 @@
 """Compiling in the background: without a stored graph, calls run uncompiled (ASE's
 Morse numbers) while another process compiles and stores the graph, then load it; a
 second runner of the same model waits for that process instead of compiling too; with
-the graph stored, the first call runs uncompiled too while the graph is read and the
-compiler imported; a graph read unusable is reported and built again; a failed build
-is reported and compiled in this process."""
+the graph stored, the first call runs uncompiled too (in plain torch) while the graph
+is read and the compiler imported; a graph read unusable is reported and built again;
+a failed build is reported and compiled in this process."""
 
 from __future__ import annotations
 
@@ -85,6 +85,31 @@ def test_with_the_graph_stored_the_first_call_runs_uncompiled_and_a_later_one_lo
     assert_ase_numbers(warm(*graph_inputs(other)), other)
     assert warm.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
                           "from_cache": 1, "building": 0}
+
+
+def test_uncompiled_calls_run_in_plain_torch_and_the_traced_function_does_not(tmp_path):
+    """Plain torch: fastcalc's model code calls none of its custom operators, whose first
+    call imports dynamo; the compiled graph keeps them."""
+    from fastcalc.plain_torch import is_plain
+    from fastcalc.tracing import GraphRunner
+
+    plain = []
+
+    def noting(*inputs):
+        plain.append(is_plain())
+        return morse_efs(*inputs)
+
+    atoms = crystal((2, 2, 2))
+    GraphRunner(noting, "default", CompileCache(tmp_path), lambda: key("morse-plain"))(
+        *graph_inputs(atoms))  # traced and stored in this process
+    assert plain and not any(plain)
+    traced = len(plain)
+    warm = runner(tmp_path, "morse-plain", fn=noting)
+    assert_ase_numbers(warm(*graph_inputs(atoms)), atoms)
+    assert plain[traced:] == [True]
+    warm.wait()
+    assert_ase_numbers(warm(*graph_inputs(atoms)), atoms)
+    assert len(plain) == traced + 1 and warm.stats["from_cache"] == 1
 
 
 _IMPORTS_SEEN = """

@@ -201,11 +201,6 @@ class BucketedCalculator(TorchCalculator):
         edges = atoms * min(neighbors, core.max_neighbors)
         return edges * per_edge * self.dtype.itemsize
 
-    @property
-    def eager_kernels(self) -> bool:
-        """On CUDA, UMA's edge operators run Triton kernels, compiled or not."""
-        return self.device.type == "cuda"
-
     def model_digest(self) -> str:
         """Digest of the checkpoint's weights (experts unmerged) and hyper-parameters,
         whatever composition the merged weights hold now (names its compiled code)."""

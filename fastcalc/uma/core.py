@@ -36,8 +36,15 @@ import torch
 from torch import nn
 
 from ..geometry import batch_energies_forces_stress, edge_vectors, energy_forces_stress
+from ..plain_torch import is_plain
 from .checkpoint import TaskSpec, UMACheckpoint
-from .edge_ops import compact_rotations, edge_pairs, edge_to_nodes
+from .edge_ops import (
+    compact_rotations,
+    edge_pairs,
+    edge_to_nodes,
+    torch_edge_pairs,
+    torch_edge_to_nodes,
+)
 from .experts import ExpertRouter, SystemEmbedding
 from .layers import (
     EdgeGate,
@@ -94,7 +101,8 @@ class EdgeFrames:
     rows in the edge-frame order of :func:`fastcalc.uma.so3.m_major_order`, m up to ``mmax``); the envelope
     (E,) scales the messages on their way back to the atoms. The edge work itself runs in the operators of
     :mod:`fastcalc.uma.edge_ops`, which keep no edge-sized features for the backward
-    pass but the messages.
+    pass but the messages; within :func:`fastcalc.plain_torch.plain_torch`, in their
+    torch code.
     """
 
     def __init__(self, blocks: list[torch.Tensor], envelope: torch.Tensor, mmax: int) -> None:
@@ -113,21 +121,28 @@ class EdgeFrames:
         (m up to ``mmax``; :func:`fastcalc.uma.edge_ops.order_sizes`), each (E, rows, 2C),
         each component times its row of ``radial`` (E, rows * 2C; see
         :func:`fastcalc.uma.edge_ops.radial_rows`)."""
-        return edge_pairs(x, self.rotation, radial, neighbour, centre, self.mmax)
+        pairs = torch_edge_pairs if is_plain() else edge_pairs
+        return pairs(x, self.rotation, radial, neighbour, centre, self.mmax)
 
     def add_to_nodes(
         self, x: torch.Tensor, centre: torch.Tensor, messages: list[torch.Tensor]
     ) -> torch.Tensor:
         """``x`` plus the edge-frame ``messages`` (by order, each (E, rows, C)) rotated back
         to the node frame, times the envelope, summed at each edge's centre atom."""
-        return edge_to_nodes(x, messages, self.rotation, self.envelope, centre, self.mmax)
+        return self._to_nodes(x, messages, centre, self.mmax)
 
     def add_m0_to_nodes(
         self, x: torch.Tensor, centre: torch.Tensor, m0: torch.Tensor
     ) -> torch.Tensor:
         """``x`` plus messages with only ``m = 0`` components (E, lmax+1, C) rotated back to
         the node frame, times the envelope, summed at each edge's centre atom."""
-        return edge_to_nodes(x, [m0], self.rotation, self.envelope, centre, 0)
+        return self._to_nodes(x, [m0], centre, 0)
+
+    def _to_nodes(
+        self, x: torch.Tensor, messages: list[torch.Tensor], centre: torch.Tensor, mmax: int
+    ) -> torch.Tensor:
+        to_nodes = torch_edge_to_nodes if is_plain() else edge_to_nodes
+        return to_nodes(x, messages, self.rotation, self.envelope, centre, mmax)
 
 
 class _Block(nn.Module):

@@ -24,7 +24,9 @@ it to the dense (E, M, K) matrix whose rows are in the edge-frame (m-major) orde
 :mod:`fastcalc.uma.edge_kernels` (plain float FMAs, never TF32), which read the blocks
 directly. Gradients in ``wigner`` come back in the same layout. Both are registered as
 torch custom operators, so ``make_fx`` records them (forward and backward) and CUDA
-graphs replay them.
+graphs replay them; their torch code is also callable as itself
+(:func:`torch_edge_pairs`, :func:`torch_edge_to_nodes`), which autograd differentiates,
+for uncompiled calls in plain torch (:mod:`fastcalc.plain_torch`).
 """
 
 from __future__ import annotations
@@ -146,8 +148,7 @@ def _dense_pairs(
     return pairs * _scales(radial, _rows(x, mmax), pairs.shape[2])
 
 
-@torch.library.custom_op("fastcalc::edge_pairs", mutates_args=())
-def edge_pairs(
+def torch_edge_pairs(
     x: torch.Tensor,
     wigner: torch.Tensor,
     radial: torch.Tensor,
@@ -158,8 +159,12 @@ def edge_pairs(
     """Scaled edge-frame pairs by order (:func:`order_sizes`), each (E, rows, 2C):
     ``[R_e x[neighbour_e], R_e x[centre_e]]``, each component times its row
     (:func:`radial_rows`) of ``radial`` (E, rows * 2C), for node features ``x`` (N, K, C)
-    and compact rotations ``wigner`` (E, S)."""
+    and compact rotations ``wigner`` (E, S). In torch's operators, which autograd
+    differentiates; :func:`edge_pairs` is the operator."""
     return _blocks(_dense_pairs(x, wigner, radial, neighbour, centre, mmax), _degrees(x), mmax)
+
+
+edge_pairs = torch.library.custom_op("fastcalc::edge_pairs", torch_edge_pairs, mutates_args=())
 
 
 def _rows(x: torch.Tensor, mmax: int) -> torch.Tensor:
@@ -235,7 +240,7 @@ edge_pairs.register_autograd(_pairs_backward, setup_context=_pairs_setup)
 
 
 # ---------------------------------------------------------------- edges to nodes
-def _torch_to_nodes(
+def torch_edge_to_nodes(
     x: torch.Tensor,
     messages: list[torch.Tensor],
     wigner: torch.Tensor,
@@ -245,13 +250,16 @@ def _torch_to_nodes(
 ) -> torch.Tensor:
     """``x`` (N, K, C) plus, at each edge's centre atom, its edge-frame ``messages`` (by
     order, :func:`order_sizes`, each (E, rows, C)) rotated back (``R_e^T``, from the
-    compact ``wigner``) and times ``envelope`` (E,)."""
+    compact ``wigner``) and times ``envelope`` (E,). In torch's operators;
+    :func:`edge_to_nodes` is the operator."""
     rotation = dense_rotations(wigner, _degrees(x), mmax)
     back = torch.bmm(rotation.mT, torch.cat(messages, dim=1)) * envelope.view(-1, 1, 1)
     return x.index_add(0, centre, back)
 
 
-edge_to_nodes = torch.library.custom_op("fastcalc::edge_to_nodes", _torch_to_nodes, mutates_args=())
+edge_to_nodes = torch.library.custom_op(
+    "fastcalc::edge_to_nodes", torch_edge_to_nodes, mutates_args=()
+)
 
 
 @edge_to_nodes.register_fake
@@ -337,7 +345,7 @@ def _(*args: Tensor | int) -> Tensor:
     from . import edge_kernels
 
     if args[-1] > edge_kernels.MAX_ORDER:
-        return _torch_to_nodes(*args)
+        return torch_edge_to_nodes(*args)
     return edge_kernels.to_nodes(*args)
 
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from uma_reference import structures
 
 from fastcalc.calculator import spans_volume
+from fastcalc.plain_torch import plain_torch
 from fastcalc.testing import Results, deviation, deviations, evaluate
 
 RTOL = 1e-8
@@ -27,6 +33,38 @@ def test_energy_forces_stress_match_fairchem(kind, system, reference_calculator,
     ours = evaluate(our_calculator(kind, task), atoms, stress=stress)
     reference = evaluate(reference_calculator(kind, task), atoms, stress=stress)
     assert_agree(ours, reference)
+
+
+@pytest.mark.parametrize("kind", ["main", "variant"])
+@pytest.mark.parametrize("system", ["bulk", "molecule"])
+def test_plain_torch_matches_fairchem(kind, system, reference_calculator, our_calculator):
+    """Within plain_torch (a process's first, uncompiled calls) the edge operators and the
+    radial networks' recomputation run as torch's own operators."""
+    task, atoms = structures()[system]
+    with plain_torch():
+        ours = evaluate(our_calculator(kind, task), atoms)
+    assert_agree(ours, evaluate(reference_calculator(kind, task), atoms))
+
+
+def test_a_first_result_in_plain_torch_imports_no_compiler(uma_checkpoints):
+    """The first call of any torch custom operator imports dynamo (a second or more): UMA's
+    first result in plain torch calls none."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        from ase.build import bulk
+        from fastcalc.plain_torch import plain_torch
+        from fastcalc.uma import BucketedCalculator
+        atoms = bulk("Cu", cubic=True)
+        atoms.calc = BucketedCalculator({str(uma_checkpoints["main"].path)!r}, task_name="omat",
+                                        device="cpu", compile_mode="eager")
+        with plain_torch():
+            atoms.get_forces()
+        print(json.dumps(sorted(sys.modules)))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "fastcalc.uma.core" in loaded and "torch._dynamo" not in loaded
 
 
 def test_composition_charge_spin_changes_remerge_in_place(reference_calculator, our_calculator):

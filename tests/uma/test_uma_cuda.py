@@ -11,6 +11,7 @@ from ase.build import bulk
 
 from cache_worker import cached_cell, run_twice
 
+from fastcalc.plain_torch import plain_torch
 from fastcalc.uma import BucketedCalculator
 
 pytestmark = [
@@ -184,6 +185,19 @@ def test_3xtf32_forces_have_float32_accuracy(uma_checkpoints, float64):
         forces, exact = results(calc, atoms)[1], results(float64, atoms)[1]
         assert force_error(forces, exact) < 1e-4, repeats  # float32 round-off
     assert calc.compile_stats["recompiles"] == 0
+
+
+def test_plain_torch_on_cuda_computes_in_ieee_float32(uma_checkpoints, float64, global_tf32):
+    """A process's first, uncompiled calls (plain torch: no custom operators, no Triton
+    kernels) stay IEEE float32, even under precision="tf32" with torch's global flag on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*TF32")
+        calc = BucketedCalculator(uma_checkpoints["main"].path, task_name="omat", device="cuda",
+                                  precision="tf32", compile_mode="eager")
+    atoms = copper((2, 2, 2), 5)
+    with plain_torch():
+        forces = results(calc, atoms)[1]
+    assert force_error(forces, results(float64, atoms)[1]) < 1e-4  # float32 round-off
 
 
 def test_per_atom_energies_match_eager_and_sum_to_the_energy(calculators):
