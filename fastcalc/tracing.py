@@ -309,10 +309,10 @@ class GraphRunner:
     this process.
 
     A copy or an unpickled runner holds ``fn``, ``mode``, ``cache``, ``key``, ``owner``
-    and ``background`` only (so ``fn`` and ``key`` must pickle: bound
-    methods or module-level callables, not closures): compiled code and CUDA graphs belong
-    to one process and one copy of the model's tensors, so the copy compiles anew at its
-    first call (from the disk cache when there is one), and its ``stats`` start from zero.
+    and ``background`` only (so ``fn`` and ``key`` must pickle: bound methods or
+    module-level callables, not closures): compiled code and CUDA graphs belong to one
+    process and one copy of the model's tensors, so the copy compiles anew at its first
+    call (from the disk cache when there is one), and its ``stats`` start from zero.
     """
 
     def __init__(
