@@ -341,7 +341,6 @@ class GraphRunner:
         self._key: CacheKey | None = None
         self._build: BackgroundBuild | None = None
         self._imports: CompilerImports | None = None
-        self._stored = False
         self._reading: EntryReading | None = None
         self._entry: StoredEntry | None = None
 
@@ -385,7 +384,7 @@ class GraphRunner:
                 return None
             outputs = self._eagerly(inputs)
             self._imports = CompilerImports()
-            if self._stored:
+            if self._build is None:  # the graph is stored: read it
                 self._reading = EntryReading(partial(self._read_stored, inputs[0].device),
                                              self.cache.path(self._cache_key()))
             if outputs is not None:
@@ -414,10 +413,10 @@ class GraphRunner:
         """Note whether there is a stored graph (read later, in a thread), or start another
         process building it; False if neither (``fn`` cannot go to another process)."""
         key = self._cache_key()
-        self._stored = self.cache.path(key).exists()
-        if not self._stored:
-            self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
-        return self._stored or self._build is not None
+        if self.cache.path(key).exists():
+            return True
+        self._build = BackgroundBuild.start(self.cache, key, self.fn, self.owner, inputs)
+        return self._build is not None
 
     def _read_stored(self, device: torch.device) -> StoredEntry:
         """The stored graph, checked, its kernels put back: in a thread of its own, after

@@ -327,7 +327,7 @@ def _(*args: Tensor | int) -> list[Tensor]:
     from . import edge_kernels
 
     if args[-1] > edge_kernels.MAX_ORDER:
-        return _blocks(_dense_pairs(*args), _degrees(args[0]), args[-1])
+        return torch_edge_pairs(*args)
     return edge_kernels.pairs(*args)
 
 
