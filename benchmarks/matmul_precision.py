@@ -5,7 +5,13 @@ shapes, and the backward pass's ``grad @ w``), as IEEE float32 (cuBLAS), as one 
 product (cuBLAS) and as three TF32 products (:mod:`fastcalc.tf32x3_kernel`), each
 beside its largest error relative to the largest entry of the float64 product.
 
+``--layouts`` times instead IEEE float32 products of each linear map in both weight
+layouts: the forward ``x @ w.T`` with ``w`` stored (out, in), as fastcalc stores it, or
+``x @ wt`` with a (in, out) copy, and the backward ``grad @ w`` or ``grad @ wt.T``
+(cuBLAS picks its kernel by layout and shape).
+
     python benchmarks/matmul_precision.py --rows 78848
+    python benchmarks/matmul_precision.py --layouts --rows 8448 78848
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import fastcalc.precision as precision  # noqa: E402
 
-#: (inputs, outputs) of the edge products of one UMA-S layer (128 channels, lmax = mmax = 2):
-#: the first convolution's m = 0, 1, 2 maps, the second's, and their backward passes.
-SHAPES = [(384, 640), (512, 512), (256, 256), (384, 384), (640, 384), (1536, 128)]
+#: (inputs, outputs) of UMA-S's linear maps per edge (128 channels, lmax = mmax = 2; edge-frame
+#: features by order m, :func:`fastcalc.uma.edge_ops.order_sizes`): the first convolution's
+#: m = 0, 1, 2 maps, the second's, and a layer's radial network's last map.
+LINEAR_MAPS = [(768, 640), (1024, 512), (512, 256), (384, 384), (512, 512), (256, 256),
+               (128, 1536)]
+#: The products of one layer: each map forward, then its backward pass (outputs -> inputs).
+SHAPES = [*LINEAR_MAPS, *((n, k) for k, n in LINEAR_MAPS)]
 
 
 def median_ms(fn, calls: int = 20) -> float:
@@ -39,11 +49,36 @@ def median_ms(fn, calls: int = 20) -> float:
     return statistics.median(times)
 
 
+def layouts(rows: int) -> None:
+    """Float32 milliseconds of each of :data:`LINEAR_MAPS` at ``rows`` rows, forward and
+    backward, with the weight stored (out, in) or (in, out)."""
+    print(f"\n{rows} rows, IEEE float32, ms")
+    print("| K -> N | x @ w.T | x @ wt | grad @ w | grad @ wt.T |")
+    print("|---|---:|---:|---:|---:|")
+    for k, n in LINEAR_MAPS:
+        x, grad = torch.randn(rows, k, device="cuda"), torch.randn(rows, n, device="cuda")
+        w = torch.randn(n, k, device="cuda")
+        wt = w.t().contiguous()
+        products = (lambda: x @ w.t(), lambda: x @ wt, lambda: grad @ w, lambda: grad @ wt.t())
+        print(f"| {k} -> {n} | " + " | ".join(f"{median_ms(p):.3f}" for p in products) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=78848)
+    parser.add_argument("--rows", type=int, nargs="+", default=[78848])
+    parser.add_argument("--layouts", action="store_true",
+                        help="float32 products in both weight layouts instead")
     args = parser.parse_args()
     torch.set_float32_matmul_precision("highest")
+    for rows in args.rows:
+        if args.layouts:
+            layouts(rows)
+        else:
+            precisions(rows)
+
+
+def precisions(rows: int) -> None:
+    """Each of :data:`SHAPES` at ``rows`` rows in the three precisions, with its error."""
     ways = {
         "float32": lambda a, b: a @ b,
         "tf32": precision._tf32_matmul,
@@ -54,7 +89,7 @@ def main() -> None:
     print("|---" * (1 + 2 * len(ways)) + "|")
     total = dict.fromkeys(ways, 0.0)
     for k, n in SHAPES:
-        a = torch.randn(args.rows, k, device="cuda")
+        a = torch.randn(rows, k, device="cuda")
         b = torch.randn(n, k, device="cuda").t()
         exact = a.double() @ b.double()
         times, errors = [], []
