@@ -5,6 +5,8 @@ Its parameters and functional form are those of ``ase.calculators.morse.MorsePot
 ASE computes forces and stress analytically, fastcalc by autograd.
 """
 
+import numpy as np
+import pytest
 import torch
 from ase.build import bulk
 from ase.calculators.morse import MorsePotential
@@ -20,6 +22,25 @@ CUTOFF = RCUT2 * R0
 
 def ase_morse() -> MorsePotential:
     return MorsePotential(epsilon=EPSILON, rho0=RHO0, r0=R0, rcut1=RCUT1, rcut2=RCUT2)
+
+
+def assert_ase_morse(
+    energy, forces, stress, atoms, rel: float = 1e-12, atol: float = 1e-10,
+    stress_atol: float = 1e-12,
+) -> None:
+    """``energy``, ``forces`` (N, 3) and ``stress`` (3, 3, (1/V) dE/dstrain) equal ASE's Morse
+    calculator's on ``atoms`` (array-likes or tensors): the energy to ``rel``, the forces to
+    ``atol`` eV/Å, the stress to ``stress_atol`` eV/Å³."""
+    energy, forces, stress = (
+        np.asarray(x.detach() if isinstance(x, torch.Tensor) else x)
+        for x in (energy, forces, stress)
+    )
+    reference = atoms.copy()
+    reference.calc = ase_morse()
+    assert float(energy) == pytest.approx(reference.get_potential_energy(), rel=rel)
+    np.testing.assert_allclose(forces, reference.get_forces(), rtol=0, atol=atol)
+    voigt = stress[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
+    np.testing.assert_allclose(voigt, reference.get_stress(), rtol=0, atol=stress_atol)
 
 
 def morse_energy(

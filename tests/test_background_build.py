@@ -15,10 +15,9 @@ import tempfile
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from pair_potential import ase_morse, crystal, graph_inputs, morse_efs
+from pair_potential import assert_ase_morse, crystal, graph_inputs, morse_efs
 
 from fastcalc.background_build import BackgroundBuild
 from fastcalc.compile_cache import CacheKey, CompileCache, held
@@ -34,26 +33,15 @@ def runner(folder, name: str, fn=morse_efs):
     return GraphRunner(fn, "default", CompileCache(folder), lambda: key(name), background=True)
 
 
-def assert_ase_numbers(outputs, atoms) -> None:
-    """``outputs`` (energy, forces, stress 3x3) equal ASE's Morse calculator's."""
-    energy, forces, stress = (x.detach().numpy() for x in outputs)
-    reference = atoms.copy()
-    reference.calc = ase_morse()
-    assert float(energy) == pytest.approx(reference.get_potential_energy(), rel=1e-12)
-    np.testing.assert_allclose(forces, reference.get_forces(), atol=1e-10)
-    voigt = stress[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
-    np.testing.assert_allclose(voigt, reference.get_stress(), atol=1e-12)
-
-
 def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_path, capfd):
     atoms = crystal((2, 2, 2))
     first, second = runner(tmp_path, "morse-bg"), runner(tmp_path, "morse-bg")
-    assert_ase_numbers(first(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*first(*graph_inputs(atoms)), atoms)
     build = first._build
     assert first.stats["building"] == 1 and first.stats["compilations"] == 0
     assert build.process is not None  # a process of its own compiles
 
-    assert_ase_numbers(second(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*second(*graph_inputs(atoms)), atoms)
     assert second._build.process is None  # the same model: it waits for that process
 
     second.wait()  # returns once that process is done
@@ -63,7 +51,7 @@ def test_calls_run_uncompiled_until_another_process_has_stored_the_graph(tmp_pat
     assert build.process.returncode == 0 and not held(lock)
     other = crystal((2, 2, 3))  # another size: the stored graph has dynamic shapes
     for each in (first, second):
-        assert_ase_numbers(each(*graph_inputs(other)), other)
+        assert_ase_morse(*each(*graph_inputs(other)), other)
         assert "calls run compiled from now on" in capfd.readouterr().err  # as announced
         assert each.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
                               "from_cache": 1, "building": 0}
@@ -78,11 +66,11 @@ def test_with_the_graph_stored_the_first_call_runs_uncompiled_and_a_later_one_lo
     GraphRunner(morse_efs, "default", CompileCache(tmp_path), lambda: key("morse-warm"))(
         *graph_inputs(atoms))  # compiles and stores the graph in this process
     warm = runner(tmp_path, "morse-warm")
-    assert_ase_numbers(warm(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*warm(*graph_inputs(atoms)), atoms)
     assert warm.stats["from_cache"] == 0 and warm._build is None  # uncompiled, nothing built
     warm.wait()
     other = crystal((2, 2, 3))
-    assert_ase_numbers(warm(*graph_inputs(other)), other)
+    assert_ase_morse(*warm(*graph_inputs(other)), other)
     assert warm.stats == {"compilations": 0, "cuda_graphs": 0, "recompiles": 0,
                           "from_cache": 1, "building": 0}
 
@@ -105,10 +93,10 @@ def test_uncompiled_calls_run_in_plain_torch_and_the_traced_function_does_not(tm
     assert plain and not any(plain)
     traced = len(plain)
     warm = runner(tmp_path, "morse-plain", fn=noting)
-    assert_ase_numbers(warm(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*warm(*graph_inputs(atoms)), atoms)
     assert plain[traced:] == [True]
     warm.wait()
-    assert_ase_numbers(warm(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*warm(*graph_inputs(atoms)), atoms)
     assert len(plain) == traced + 1 and warm.stats["from_cache"] == 1
 
 
@@ -155,7 +143,7 @@ def test_a_process_that_finds_the_graph_stored_imports_the_compiler_in_a_thread(
     assert seen["dynamo"] == "fastcalc-compiler-imports"
     assert seen["stats"]["from_cache"] == 1 and seen["stats"]["compilations"] == 0
     for outputs in (seen["first"], seen["later"]):
-        assert_ase_numbers([torch.tensor(x, dtype=torch.float64) for x in outputs], atoms)
+        assert_ase_morse(*outputs, atoms)
 
 
 def test_a_stored_graph_read_unusable_in_the_background_is_reported_and_built_again(tmp_path):
@@ -169,13 +157,13 @@ def test_a_stored_graph_read_unusable_in_the_background_is_reported_and_built_ag
     entry = CompileCache(tmp_path).path(key("morse-damaged"))
     entry.write_bytes(entry.read_bytes()[:-100])  # its end lost
     damaged = runner(tmp_path, "morse-damaged")
-    assert_ase_numbers(damaged(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*damaged(*graph_inputs(atoms)), atoms)
     damaged.wait()  # the reading is over, not yet reported
     with pytest.warns(UserWarning, match="is unusable .its contents do not match"):
-        assert_ase_numbers(damaged(*graph_inputs(atoms)), atoms)
+        assert_ase_morse(*damaged(*graph_inputs(atoms)), atoms)
     assert damaged._build.process is not None and damaged.stats["building"] == 1
     damaged.wait()
-    assert_ase_numbers(damaged(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*damaged(*graph_inputs(atoms)), atoms)
     assert damaged.stats["from_cache"] == 1 and damaged.stats["compilations"] == 0
 
 
@@ -188,12 +176,12 @@ def test_a_failed_build_is_reported_and_compiled_in_this_process(tmp_path, monke
     monkeypatch.setitem(sys.modules, module.__name__, module)
     atoms = crystal((2, 2, 2))
     failing = runner(tmp_path, "morse-fails", module.morse_efs)
-    assert_ase_numbers(failing(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*failing(*graph_inputs(atoms)), atoms)
     failing.wait()
     with pytest.warns(UserWarning, match="in the background failed .process .* exited with 1: "
                                          ".*only_in_this_process"):
         outputs = failing(*graph_inputs(atoms))
-    assert_ase_numbers(outputs, atoms)
+    assert_ase_morse(*outputs, atoms)
     assert failing.stats["compilations"] == 1 and failing.stats["building"] == 0
 
 
@@ -217,5 +205,5 @@ def test_an_uncompiled_call_out_of_memory_waits_for_the_compiled_model(tmp_path)
         raise torch.OutOfMemoryError("the uncompiled model needs more memory")
 
     patient.fn = out_of_memory  # now, only for the uncompiled calls
-    assert_ase_numbers(patient(*graph_inputs(atoms)), atoms)
+    assert_ase_morse(*patient(*graph_inputs(atoms)), atoms)
     assert patient.stats["from_cache"] == 1 and patient.stats["building"] == 0

@@ -295,3 +295,6 @@ def test_the_padding_shift_made_on_the_host_is_that_of_the_model_s_cell(make):
     atoms.get_forces()
     (system,) = systems
     assert torch.equal(system.padding_shift, padding_shift(system.cell, CUTOFF))
+    # a padded edge (a self-loop with this shift) lies beyond the cutoff
+    offset = system.padding_shift.double().numpy() @ system.cell.double().numpy()
+    assert np.linalg.norm(offset) > CUTOFF

@@ -4,6 +4,7 @@ import io
 import sys
 
 import pytest
+from ase import units
 from ase.io import read
 from pair_potential import CUTOFF, ase_morse, morse_energy
 
@@ -30,12 +31,25 @@ def test_nve_conserves_energy_and_writes_trajectory_and_log(tmp_path):
     expected.calc = ase_morse()
     assert last.get_potential_energy() == pytest.approx(expected.get_potential_energy(), rel=1e-10)
     assert len((tmp_path / "md.log").read_text().splitlines()) == 6  # header + 5 rows
+    first = frames[0].copy()
+    first.calc = ase_morse()
+    drift = (expected.get_total_energy() - first.get_total_energy()) / len(first)
+    assert summary.energy_drift_mev_per_atom == pytest.approx(drift * 1e3, rel=1e-8, abs=1e-9)
 
 
 @pytest.mark.parametrize("ensemble", [e for e in ENSEMBLES if e != "nve"])
-def test_thermostatted_ensembles_run(ensemble):
-    summary = run_md(default_structure(), morse(), steps=5, ensemble=ensemble, progress=False)
-    assert summary.steps == 5 and summary.final_temperature_K > 0
+def test_thermostatted_ensembles_run_on_the_model_s_forces(ensemble, tmp_path):
+    """The frames carry ASE's Morse energy and forces at their geometry (and cell, for
+    NPT), and the summary's final temperature is that of the last frame's momenta."""
+    summary = run_md(default_structure(), morse(), steps=5, ensemble=ensemble, interval=5,
+                     trajectory=tmp_path / "md.traj", progress=False)
+    assert summary.steps == 5
+    last = read(tmp_path / "md.traj", -1)
+    expected = last.copy()
+    expected.calc = ase_morse()
+    assert last.get_potential_energy() == pytest.approx(expected.get_potential_energy(), rel=1e-10)
+    assert last.get_forces() == pytest.approx(expected.get_forces(), abs=1e-8)
+    assert summary.final_temperature_K == pytest.approx(expected.get_temperature(), rel=1e-10)
 
 
 def test_unknown_ensemble_is_refused():
@@ -91,11 +105,21 @@ def test_thermostatted_summaries_report_no_drift_and_name_the_thermostat(ensembl
     assert "drift" not in str(summary) and "(thermostat at 300 K)" in str(summary)
 
 
-def test_the_npt_summary_reports_mean_volume_and_pressure():
+def test_the_npt_summary_reports_mean_volume_and_pressure(tmp_path):
+    """Means over the steps, 0 included, of the volume and of the pressure with its ideal-gas
+    part (ASE's Morse stress and the momenta of each recorded frame)."""
     atoms = default_structure(2)
-    summary = run_md(atoms, morse(), steps=2, ensemble="npt", progress=False)
-    assert summary.mean_volume_A3 == pytest.approx(atoms.get_volume(), rel=0.01)
-    assert summary.mean_pressure_GPa is not None
+    summary = run_md(atoms, morse(), steps=2, ensemble="npt", interval=1,
+                     trajectory=tmp_path / "md.traj", progress=False)
+    frames = read(tmp_path / "md.traj", ":")
+    assert len(frames) == 3
+    for frame in frames:
+        frame.calc = ase_morse()
+    volumes = [frame.get_volume() for frame in frames]
+    pressures = [-frame.get_stress(include_ideal_gas=True)[:3].mean() / units.GPa
+                 for frame in frames]
+    assert summary.mean_volume_A3 == pytest.approx(sum(volumes) / 3, rel=1e-10)
+    assert summary.mean_pressure_GPa == pytest.approx(sum(pressures) / 3, rel=1e-8)
     printed = str(summary)
     assert "drift" not in printed
     assert f"volume {summary.mean_volume_A3:.1f} A^3 mean" in printed

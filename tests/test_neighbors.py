@@ -110,6 +110,7 @@ def test_overflow_beyond_the_limit_is_an_error():
 
 
 def test_far_beyond_the_limit_is_refused_before_searching():
+    """fcc copper's 4 / 3.6³ atoms/Å³ times 4/3 π 5³ is 44.9 neighbours per atom."""
     atoms = rattled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2))
     with pytest.raises(NeighborOverflowError, match=r"before the neighbour search: about 45 "
                        r"neighbours within 5 Å .*limit of 20 .*over 2 times the limit"):
@@ -187,6 +188,7 @@ def test_a_batch_names_the_system_it_refuses():
     system_index = torch.repeat_interleave(torch.arange(2), torch.tensor([len(a) for a in systems]))
     neighbor_list(positions[:7], cells[:1], pbcs[:1], 4.0, system_index=system_index[:7],
                   max_neighbors=4096)  # the first system alone passes
+    # a 3 Å extent widened to 2 x 4 Å per axis: 1500 / 8³ = 2.93 atoms/Å³, times 4/3 π 4³
     with pytest.raises(NeighborOverflowError, match=r"in system 1: about 785 neighbours "
                        r"within 4 Å expected per atom \(a mean density of 2\.93 atoms/Å³\)"):
         neighbor_list(positions, cells, pbcs, 4.0, system_index=system_index, max_neighbors=4096)

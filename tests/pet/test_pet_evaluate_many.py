@@ -46,12 +46,17 @@ def test_each_result_equals_the_structure_alone(model, eager):
         assert_same(batched, evaluate_alone(calc, atoms))
 
 
-def test_charge_and_spin_are_each_systems_own(eager):
-    """The same structure in two states within one batch gets two results."""
+def test_charge_and_spin_are_each_systems_own(eager, reference):
+    """The same structure in two states within one batch gets two results, each
+    metatomic's for its state."""
     neutral, charged = make_structure("bulk"), make_structure("bulk")
     charged.info.update(CHARGED_STATE)
-    first, second = eager("conditioned").evaluate_many([neutral, charged])
-    assert abs(first["energy"] - second["energy"]) > 1e-3
+    results = eager("conditioned").evaluate_many([neutral, charged])
+    for result, state in zip(results, (False, True)):
+        expected = reference("conditioned", "bulk", charged=state)
+        assert deviation(result["energy"], expected.energy) < 1e-9
+        assert deviation(result["forces"], expected.forces) < 1e-9
+    assert abs(results[0]["energy"] - results[1]["energy"]) > 1e-3  # the states differ
 
 
 def test_batched_results_are_metatomics(pet_models, eager):
