@@ -8,6 +8,7 @@ ASE computes forces and stress analytically, fastcalc by autograd.
 import numpy as np
 import pytest
 import torch
+from ase import Atoms
 from ase.build import bulk
 from ase.calculators.morse import MorsePotential
 
@@ -24,6 +25,13 @@ def ase_morse() -> MorsePotential:
     return MorsePotential(epsilon=EPSILON, rho0=RHO0, r0=R0, rcut1=RCUT1, rcut2=RCUT2)
 
 
+def with_ase_morse(atoms: Atoms) -> Atoms:
+    """A copy of ``atoms`` (positions, cell, momenta) with ASE's Morse calculator."""
+    copy = atoms.copy()
+    copy.calc = ase_morse()
+    return copy
+
+
 def assert_ase_morse(
     energy, forces, stress, atoms, rel: float = 1e-12, atol: float = 1e-10,
     stress_atol: float = 1e-12,
@@ -35,8 +43,7 @@ def assert_ase_morse(
         np.asarray(x.detach() if isinstance(x, torch.Tensor) else x)
         for x in (energy, forces, stress)
     )
-    reference = atoms.copy()
-    reference.calc = ase_morse()
+    reference = with_ase_morse(atoms)
     assert float(energy) == pytest.approx(reference.get_potential_energy(), rel=rel)
     np.testing.assert_allclose(forces, reference.get_forces(), rtol=0, atol=atol)
     voigt = stress[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]

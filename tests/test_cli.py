@@ -113,12 +113,11 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 def assert_metatomic_numbers(frame) -> None:
     """The energy and forces recorded in ``frame`` are metatomic's calculator's on the same
     weights (the demo model, pet-demo-cu) at the frame's geometry."""
-    from metatomic_ase import MetatomicCalculator
-
+    from fastcalc.bench.upstream import metatomic_calculator
     from fastcalc.demo_models import PET_DEMO_CU
 
     upstream = frame.copy()
-    upstream.calc = MetatomicCalculator(str(PET_DEMO_CU), device="cpu")
+    upstream.calc = metatomic_calculator(PET_DEMO_CU, "cpu")
     expected = upstream.get_forces()
     assert frame.get_potential_energy() == pytest.approx(upstream.get_potential_energy(),
                                                          abs=1e-4)  # float32 round-off

@@ -6,7 +6,7 @@ import pytest
 from ase.build import bulk, fcc111
 from ase.filters import FrechetCellFilter
 from ase.optimize import FIRE
-from pair_potential import ase_morse, morse_calculator
+from pair_potential import morse_calculator, with_ase_morse
 
 from fastcalc import InvalidAtomsError, relax_many
 from fastcalc.relax import FireParameters, irelax
@@ -169,8 +169,7 @@ def test_max_steps_zero_evaluates_only(calc):
     relaxed, = relax_many([crystal()], calc, fmax=FMAX, max_steps=0, progress=False)
     assert relaxed.steps == 0 and not relaxed.converged
     np.testing.assert_array_equal(relaxed.atoms.positions, crystal().positions)
-    reference = crystal()
-    reference.calc = ase_morse()
+    reference = with_ase_morse(crystal())
     assert relaxed.energy == pytest.approx(reference.get_potential_energy(), abs=1e-8)
     np.testing.assert_allclose(relaxed.forces, reference.get_forces(), rtol=0, atol=1e-8)
 

@@ -109,6 +109,9 @@ class EdgeFrames:
         self.rotation = compact_rotations(blocks)
         self.mmax = mmax
         self.envelope = envelope
+        plain = is_plain()
+        self._pairs = torch_edge_pairs if plain else edge_pairs
+        self._to_nodes = torch_edge_to_nodes if plain else edge_to_nodes
 
     def messages(
         self,
@@ -121,28 +124,21 @@ class EdgeFrames:
         (m up to ``mmax``; :func:`fastcalc.uma.edge_ops.order_sizes`), each (E, rows, 2C),
         each component times its row of ``radial`` (E, rows * 2C; see
         :func:`fastcalc.uma.edge_ops.radial_rows`)."""
-        pairs = torch_edge_pairs if is_plain() else edge_pairs
-        return pairs(x, self.rotation, radial, neighbour, centre, self.mmax)
+        return self._pairs(x, self.rotation, radial, neighbour, centre, self.mmax)
 
     def add_to_nodes(
         self, x: torch.Tensor, centre: torch.Tensor, messages: list[torch.Tensor]
     ) -> torch.Tensor:
         """``x`` plus the edge-frame ``messages`` (by order, each (E, rows, C)) rotated back
         to the node frame, times the envelope, summed at each edge's centre atom."""
-        return self._to_nodes(x, messages, centre, self.mmax)
+        return self._to_nodes(x, messages, self.rotation, self.envelope, centre, self.mmax)
 
     def add_m0_to_nodes(
         self, x: torch.Tensor, centre: torch.Tensor, m0: torch.Tensor
     ) -> torch.Tensor:
         """``x`` plus messages with only ``m = 0`` components (E, lmax+1, C) rotated back to
         the node frame, times the envelope, summed at each edge's centre atom."""
-        return self._to_nodes(x, [m0], centre, 0)
-
-    def _to_nodes(
-        self, x: torch.Tensor, messages: list[torch.Tensor], centre: torch.Tensor, mmax: int
-    ) -> torch.Tensor:
-        to_nodes = torch_edge_to_nodes if is_plain() else edge_to_nodes
-        return to_nodes(x, messages, self.rotation, self.envelope, centre, mmax)
+        return self._to_nodes(x, [m0], self.rotation, self.envelope, centre, 0)
 
 
 class _Block(nn.Module):
