@@ -32,8 +32,9 @@ import fastcalc.precision as precision  # noqa: E402
 #: m = 0, 1, 2 maps, the second's, and a layer's radial network's last map.
 LINEAR_MAPS = [(768, 640), (1024, 512), (512, 256), (384, 384), (512, 512), (256, 256),
                (128, 1536)]
-#: The products of one layer: each map forward, then its backward pass (outputs -> inputs).
-SHAPES = [*LINEAR_MAPS, *((n, k) for k, n in LINEAR_MAPS)]
+#: The products of one layer: each map forward, then its backward pass (outputs -> inputs),
+#: each shape once (a square map's backward pass has its forward shape).
+SHAPES = list(dict.fromkeys([*LINEAR_MAPS, *((n, k) for k, n in LINEAR_MAPS)]))
 
 
 def median_ms(fn, calls: int = 20) -> float:
