@@ -38,7 +38,7 @@ from torch import nn
 from .plain_torch import is_plain
 
 __all__ = [
-    "PRECISIONS", "Linear", "check_precision", "global_tf32", "linear", "matmul",
+    "PRECISIONS", "FrozenLinear", "Linear", "check_precision", "global_tf32", "linear", "matmul",
     "matmul_precision",
 ]
 
@@ -224,12 +224,47 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _tf32_matmul(a, b) if _network(a) == "tf32" else torch.matmul(a, b)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+class _TransposedForward(torch.autograd.Function):
+    """``x @ weight_t + bias`` of a frozen map whose backward pass multiplies by ``weight``
+    (``weight_t`` its transposed copy): both products then read a weight stored row-major
+    in the order cuBLAS's float32 kernels run fastest at small systems' edge counts."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        weight_t: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        return torch.matmul(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None, None]:
+        (weight,) = ctx.saved_tensors
+        return grad @ weight, None, None, None
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    weight_t: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``F.linear`` for a network layer: TF32 under ``matmul_precision("tf32")``, three TF32
-    products under ``matmul_precision("3xtf32")``, on CUDA."""
+    products under ``matmul_precision("3xtf32")``, on CUDA. In float32, a frozen map given
+    ``weight_t`` (``weight.t()``, contiguous) multiplies by it forward and by ``weight``
+    backward (:class:`FrozenLinear`)."""
     precision = _network(x)
     if precision == "float32":
-        return F.linear(x, weight, bias)
+        frozen = weight_t is not None and not weight.requires_grad
+        if not frozen or (bias is not None and bias.requires_grad):
+            return F.linear(x, weight, bias)
+        flat = _TransposedForward.apply(x.reshape(-1, x.shape[-1]), weight, weight_t, bias)
+        return flat.view(*x.shape[:-1], -1)
     product = _tf32_linear if precision == "tf32" else _tf32x3_linear
     return product(x.reshape(-1, x.shape[-1]), weight.t(), bias).view(*x.shape[:-1], -1)
 
@@ -240,3 +275,41 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` times the weight, plus the bias."""
         return linear(x, self.weight, self.bias)
+
+
+class FrozenLinear(nn.Module):
+    """A network layer's linear map with fixed weights (buffers), stored both ways:
+    ``weight`` (out, in) and its contiguous transpose ``weight_t`` (in, out).
+
+    In float32 (:func:`linear`) the forward product reads ``weight_t`` and the backward
+    one ``weight``: at 8,448 rows (108 atoms of UMA-S), cuBLAS's float32 kernels ran each
+    of UMA's edge maps 7-20 % faster forward with the (in, out) copy, while the backward
+    product is fastest as ``grad @ weight`` (``benchmarks/matmul_precision.py --layouts``).
+    A 108-atom UMA-S call took 3.5 % less time, a 1008-atom one the same (H100, 2026-12-05,
+    ``benchmarks/HISTORY.md``); the copy costs the weights' memory once more. Write the
+    weights through :meth:`assign` or :meth:`scale`, which keep the copy equal.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        weight = weight.detach()
+        self.register_buffer("weight", weight.clone())
+        self.register_buffer("weight_t", weight.t().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @torch.no_grad()
+    def assign(self, weight: torch.Tensor) -> None:
+        """Overwrite the weight (out, in) in place, and its copy."""
+        self.weight.copy_(weight)
+        self.weight_t.copy_(self.weight.t())
+
+    @torch.no_grad()
+    def scale(self, factor: float) -> None:
+        """Multiply the map's output by ``factor``: weight, copy and bias alike."""
+        for tensor in (self.weight, self.weight_t, self.bias):
+            if tensor is not None:
+                tensor.mul_(factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` times the weight, plus the bias."""
+        return linear(x, self.weight, self.bias, self.weight_t)

@@ -114,3 +114,33 @@ def test_global_tf32_turns_torchs_switch_on_within_and_restores_it():
     with global_tf32():
         assert torch.get_float32_matmul_precision() == "high"
     assert torch.get_float32_matmul_precision() == "highest"
+
+
+def _frozen_and_reference(bias: bool) -> tuple[precision.FrozenLinear, torch.Tensor, torch.Tensor | None]:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(5, 7, dtype=torch.float64, generator=generator)
+    offset = torch.randn(5, dtype=torch.float64, generator=generator) if bias else None
+    return precision.FrozenLinear(weight, offset), weight, offset
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_frozen_linear_matches_torch_linear_and_its_input_gradient(bias):
+    layer, weight, offset = _frozen_and_reference(bias)
+    x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
+    ours = layer(x)
+    (grad,) = torch.autograd.grad(ours.sin().sum(), x)
+    reference = torch.nn.functional.linear(x, weight, offset)
+    (expected,) = torch.autograd.grad(reference.sin().sum(), x)
+    torch.testing.assert_close(ours, reference, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(grad, expected, rtol=1e-14, atol=1e-14)
+
+
+def test_frozen_linear_scale_and_assign_change_both_layouts():
+    layer, weight, offset = _frozen_and_reference(bias=True)
+    x = torch.randn(4, 7, dtype=torch.float64)
+    layer.scale(0.2)
+    torch.testing.assert_close(layer(x), 0.2 * torch.nn.functional.linear(x, weight, offset))
+    other = torch.randn(5, 7, dtype=torch.float64)
+    layer.assign(other)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, other, 0.2 * offset))
+    assert torch.equal(layer.weight_t, other.t())

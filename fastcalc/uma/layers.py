@@ -15,22 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..precision import Linear, linear, matmul
+from ..precision import FrozenLinear, matmul
 from .so3 import coefficient_degrees
 
 Weights = dict[str, torch.Tensor]
 
 
-def frozen_linear(weights: Weights, prefix: str) -> Linear:
-    """A network :class:`fastcalc.precision.Linear` filled from ``{prefix}weight`` / ``{prefix}bias`` (bias optional)."""
-    weight = weights[f"{prefix}weight"]
-    bias = weights.get(f"{prefix}bias")
-    layer = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    with torch.no_grad():
-        layer.weight.copy_(weight)
-        if bias is not None:
-            layer.bias.copy_(bias)
-    return layer.requires_grad_(False)
+def frozen_linear(weights: Weights, prefix: str) -> FrozenLinear:
+    """A network :class:`fastcalc.precision.FrozenLinear` of ``{prefix}weight`` and
+    ``{prefix}bias`` (bias optional)."""
+    return FrozenLinear(weights[f"{prefix}weight"], weights.get(f"{prefix}bias"))
 
 
 def add_to_scalar(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -110,8 +104,9 @@ class SpectralFeedForward(nn.Module):
         return self.linear_out(self.gate(gates, self.linear_in(x)))
 
 
-class MixedLinear(nn.Module):
-    """A linear map whose weight is a mixture of expert weights, merged in place.
+class MixedLinear(FrozenLinear):
+    """A linear map whose weight is a mixture of expert weights, merged in place (its
+    transposed copy with it, see :class:`fastcalc.precision.FrozenLinear`).
 
     ``experts`` has shape ``(K, out, in)`` (``K = 1`` for a plain linear).  With
     ``complex_pair`` the merged ``[W1; W2]`` is stored as the real block matrix
@@ -129,13 +124,11 @@ class MixedLinear(nn.Module):
     def __init__(
         self, experts: torch.Tensor, bias: torch.Tensor | None, complex_pair: bool
     ) -> None:
-        super().__init__()
-        self.complex_pair = complex_pair
         out_features, in_features = experts.shape[1:]
         shape = (out_features, 2 * in_features) if complex_pair else (out_features, in_features)
+        super().__init__(experts.new_zeros(shape), bias)
+        self.complex_pair = complex_pair
         self.experts = experts.detach().cpu()  # read only, never mutated: no copy
-        self.register_buffer("weight", experts.new_zeros(shape))
-        self.register_buffer("bias", None if bias is None else bias.clone())
         if experts.shape[0] == 1:
             self.merge(experts.new_ones(1))
 
@@ -158,19 +151,10 @@ class MixedLinear(nn.Module):
         computed on the weight's device in its dtype."""
         experts = self.experts.to(self.weight.device, self.weight.dtype)
         merged = torch.tensordot(coefficients.to(self.weight), experts, dims=1)
-        if not self.complex_pair:
-            self.weight.copy_(merged)
-            return
-        half_out, half_in = merged.shape[0] // 2, merged.shape[1]
-        w1, w2 = merged[:half_out], merged[half_out:]
-        self.weight[:half_out, :half_in].copy_(w1)
-        self.weight[:half_out, half_in:].copy_(-w2)
-        self.weight[half_out:, :half_in].copy_(w2)
-        self.weight[half_out:, half_in:].copy_(w1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` times the weight last merged by :meth:`merge`, plus the bias."""
-        return linear(x, self.weight, self.bias)
+        if self.complex_pair:
+            w1, w2 = merged.chunk(2)
+            merged = torch.cat((torch.cat((w1, -w2), dim=1), torch.cat((w2, w1), dim=1)))
+        self.assign(merged)
 
 
 def mixed_linear(weights: Weights, prefix: str, complex_pair: bool = False) -> MixedLinear:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..precision import linear
+from ..precision import FrozenLinear
 from ..recompute import recomputed
 from .layers import Weights, frozen_linear
 
@@ -80,7 +80,7 @@ class RadialNetworks(nn.Module):
             sources.append(source @ on_source.T + (0.0 if bias is None else bias.to(torch.float64)))
             targets.append(target @ on_target.T)
         self.hidden_sizes = [part.shape[0] for part in basis]
-        self.register_buffer("basis_weight", torch.cat(basis))  # (networks * hidden, B)
+        self.basis = FrozenLinear(torch.cat(basis))  # (networks * hidden, B)
         self.register_buffer("source_table", torch.cat(sources, dim=1))  # (elements, ...)
         self.register_buffer("target_table", torch.cat(targets, dim=1))
         self.tails = nn.ModuleList(radial_tail(weights, prefix) for prefix in prefixes)
@@ -92,11 +92,9 @@ class RadialNetworks(nn.Module):
         """Multiply the output of network ``network`` by ``factor``, folded into its last
         linear map once rather than applied to every call's (E, out) output."""
         last = self.tails[network][-1]
-        if not isinstance(last, nn.Linear):
+        if not isinstance(last, FrozenLinear):
             raise ValueError(f"radial network {network} does not end with a linear map")
-        last.weight.mul_(factor)
-        if last.bias is not None:
-            last.bias.mul_(factor)
+        last.scale(factor)
 
     def forward(
         self, lengths: torch.Tensor, source: torch.Tensor, target: torch.Tensor
@@ -105,7 +103,7 @@ class RadialNetworks(nn.Module):
         atomic numbers ``source`` (E,) (the neighbour) and ``target`` (E,) (the centre)."""
         gaussians = torch.exp(self.coefficient * (lengths.unsqueeze(-1) - self.offsets) ** 2)
         hidden = (
-            linear(gaussians, self.basis_weight)
+            self.basis(gaussians)
             + self.source_table[source]
             + self.target_table[target]
         )

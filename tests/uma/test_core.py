@@ -11,6 +11,7 @@ import torch
 
 from uma_reference import structures
 from fastcalc.uma import UMACore, load_checkpoint
+from fastcalc.precision import FrozenLinear
 from fastcalc.buckets import pad_edges, padding_cell
 from fastcalc.uma.graph import build_topology
 from fastcalc.uma.so3 import (
@@ -255,9 +256,27 @@ def test_experts_stay_off_the_module_state_and_merge_in_its_current_dtype(uma_ch
     numbers = torch.tensor([29, 29, 79])
     for core in (converted, direct):
         core.prepare(numbers)
-    merged = [dict(core.named_buffers()) for core in (converted, direct)]
-    for name, weight in merged[1].items():
-        assert merged[0][name].dtype == weight.dtype and torch.equal(merged[0][name], weight), name
+    layers = [[*core.mixed_layers(), *core.head] for core in (converted, direct)]
+    for ours, built in zip(*layers, strict=True):
+        for name in ("weight", "weight_t", "bias"):
+            weight = getattr(built, name)
+            if weight is not None:
+                assert getattr(ours, name).dtype == weight.dtype
+                assert torch.equal(getattr(ours, name), weight), name
+
+
+def test_linear_maps_keep_their_transposed_copy_through_dtype_changes_and_merges(
+    uma_checkpoints,
+):
+    """Forward products read ``weight_t``, backward ones ``weight``: they must stay equal."""
+    checkpoint = load_checkpoint(uma_checkpoints["main"].path)
+    core = UMACore(checkpoint, "omat", dtype=torch.float64).to(torch.float32)
+    for numbers in ([29, 29, 79], [29, 79, 79, 79]):
+        core.prepare(torch.tensor(numbers))
+        maps = [m for m in core.modules() if isinstance(m, FrozenLinear)]
+        assert len(maps) > len(core.mixed_layers())
+        for layer in maps:
+            assert torch.equal(layer.weight_t, layer.weight.t())
 
 
 def test_experts_move_to_the_device_from_the_second_merge_on(uma_checkpoints, monkeypatch):
@@ -297,7 +316,7 @@ def test_routing_depends_on_the_composition_not_the_size_to_the_bit(uma_checkpoi
 
     checkpoint = load_checkpoint(uma_checkpoints["main"].path)
     router = ExpertRouter(checkpoint.weights, checkpoint.backbone, "UMA-S-1.2.1").float()
-    system = torch.randn(router.mlp[0].in_features - router.composition.shape[1])
+    system = torch.randn(router.mlp[0].weight.shape[1] - router.composition.shape[1])
     for numbers in ([29], [29, 29, 79], [8, 1, 1, 26]):
         small, large = torch.tensor(numbers), torch.tensor(numbers * 137)
         route = [router(*torch.unique(n, return_counts=True), system) for n in (small, large)]

@@ -63,6 +63,16 @@ def test_cuda_graphs_match_eager_and_keep_earlier_results(calculators):
             np.testing.assert_array_equal(a, b)
 
 
+def test_cuda_graphs_match_fairchem(calculators, reference_calculator):
+    """The compiled float32 calculator on CUDA against fairchem's own calculator (float64,
+    CPU, experts not merged) on the same checkpoint, over several geometries."""
+    graphs, _ = calculators
+    fairchem = reference_calculator("main", "omat")
+    for seed in range(3):
+        atoms = copper((2, 2, 2), seed)
+        assert_close(results(graphs, atoms), results(fairchem, atoms))
+
+
 def test_buckets_reuse_graphs_without_recompiling(calculators):
     """32 atoms with ~1340 edges (bucket 1536), then ~1730 edges (bucket 2048), and back:
     one more CUDA graph, no compilation."""
