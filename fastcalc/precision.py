@@ -238,7 +238,7 @@ class _TransposedForward(torch.autograd.Function):
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         ctx.save_for_backward(weight)
-        return torch.matmul(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+        return _plain_linear(x, weight_t, bias)
 
     @staticmethod
     def backward(
@@ -255,18 +255,19 @@ def linear(
     weight_t: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.linear`` for a network layer: TF32 under ``matmul_precision("tf32")``, three TF32
-    products under ``matmul_precision("3xtf32")``, on CUDA. In float32, a frozen map given
-    ``weight_t`` (``weight.t()``, contiguous) multiplies by it forward and by ``weight``
-    backward (:class:`FrozenLinear`)."""
+    products under ``matmul_precision("3xtf32")``, on CUDA. In float32, given ``weight_t``
+    (``weight.t()``, contiguous) it multiplies by that forward and by ``weight`` backward,
+    differentiable in ``x`` only (:class:`FrozenLinear`'s fixed weights)."""
     precision = _network(x)
+    if precision == "float32" and weight_t is None:
+        return F.linear(x, weight, bias)
+    flat = x.reshape(-1, x.shape[-1])
     if precision == "float32":
-        frozen = weight_t is not None and not weight.requires_grad
-        if not frozen or (bias is not None and bias.requires_grad):
-            return F.linear(x, weight, bias)
-        flat = _TransposedForward.apply(x.reshape(-1, x.shape[-1]), weight, weight_t, bias)
-        return flat.view(*x.shape[:-1], -1)
-    product = _tf32_linear if precision == "tf32" else _tf32x3_linear
-    return product(x.reshape(-1, x.shape[-1]), weight.t(), bias).view(*x.shape[:-1], -1)
+        out = _TransposedForward.apply(flat, weight, weight_t, bias)
+    else:
+        product = _tf32_linear if precision == "tf32" else _tf32x3_linear
+        out = product(flat, weight.t(), bias)
+    return out.view(*x.shape[:-1], -1)
 
 
 class Linear(nn.Linear):
