@@ -150,11 +150,10 @@ class _Block(nn.Module):
         super().__init__()
         edge = f"{prefix}edge_wise."
         self.norm_1 = RMSNormSH(weights, f"{prefix}norm_1.", lmax)
-        self.conv_1 = SO2Convolution(
-            weights, f"{edge}so2_conv_1.", mmax, hidden, extra=lmax * hidden
-        )
-        self.gate = EdgeGate(lmax, hidden)
-        self.conv_2 = SO2Convolution(weights, f"{edge}so2_conv_2.", mmax, channels)
+        self.channels = channels
+        self.conv_1 = SO2Convolution(weights, f"{edge}so2_conv_1.", mmax)
+        self.gate = EdgeGate(lmax)
+        self.conv_2 = SO2Convolution(weights, f"{edge}so2_conv_2.", mmax)
         self.norm_2 = RMSNormSH(weights, f"{prefix}norm_2.", lmax)
         self.feed_forward = SpectralFeedForward(weights, f"{prefix}atom_wise.", lmax, hidden)
 
@@ -172,8 +171,8 @@ class _Block(nn.Module):
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        messages, gates = self.conv_1(frames.messages(x, neighbour, centre, radial))
-        messages, _ = self.conv_2(self.gate(gates, messages))
+        gated = self.gate(self.conv_1(frames.messages(x, neighbour, centre, radial)))
+        messages = [block.unflatten(1, (-1, self.channels)) for block in self.conv_2(gated)]
         x = frames.add_to_nodes(residual, centre, messages)
         return x + self.feed_forward(self.norm_2(x))
 

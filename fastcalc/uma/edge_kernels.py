@@ -1,6 +1,8 @@
-"""Triton kernels of :mod:`fastcalc.uma.edge_ops` (CUDA; imported only there).
+"""Triton kernels of :mod:`fastcalc.uma.edge_ops` and :mod:`fastcalc.uma.edge_gate`
+(CUDA; imported only there).
 
-One program handles a few edges and all channels of one side (neighbour or centre) of
+The gate kernels are pointwise: one program handles all channels of a few edges and
+reads each row of its inputs once. In the rotation kernels, one program handles a few edges and all channels of one side (neighbour or centre) of
 each. Each edge's rotation is block-diagonal by degree and arrives compact (E, S): a row
 of degree l has 2l + 1 entries, read as one block, and is multiplied only with that
 degree's 2l + 1 feature components (padded to ``KB``, the next power of two of
@@ -34,6 +36,10 @@ WARPS = 1
 #: Largest order m the kernels take: one pointer per order's block (every UMA checkpoint
 #: has mmax = 2); :mod:`fastcalc.uma.edge_ops` runs its torch code for larger ones.
 MAX_ORDER = 2
+#: Elements of the (edges, channels) tile of the gate kernels, and their warps: the
+#: tile and warps inductor gives pointwise kernels (not tuned on a GPU).
+GATE_TILE = 1024
+GATE_WARPS = 4
 
 
 def _device(tensor: Tensor) -> contextlib.AbstractContextManager:
@@ -261,6 +267,73 @@ def _to_nodes_backward_kernel(
     tl.store(grad_env_ptr + e, grad_envelope, mask=e_ok)
 
 
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _gate_kernel(
+    first_ptr, in1, in2, out0, out1, out2, E, C,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = e < E
+    e = e.to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    mask = e_ok[:, None] & (c < C)[None, :]
+    first = first_ptr + e[:, None] * ((2 * LMAX + 1) * C) + c[None, :]
+    scalar = tl.load(first + LMAX * C, mask=mask, other=0.0)
+    tl.store(_row(out0, out1, out2, e, 0, 0, LMAX, C) + c[None, :], scalar * _sigmoid(scalar),
+             mask=mask)
+    for l in tl.static_range(1, LMAX + 1):
+        gate = _sigmoid(tl.load(first + (l - 1) * C, mask=mask, other=0.0))
+        tl.store(_row(out0, out1, out2, e, 0, l, LMAX, C) + c[None, :],
+                 tl.load(first + (LMAX + l) * C, mask=mask, other=0.0) * gate, mask=mask)
+        for m in tl.static_range(1, MMAX + 1):
+            if m <= l:
+                for sign in tl.static_range(2):
+                    j = _signed_row(m, l, sign, LMAX)
+                    x = tl.load(_row(first_ptr, in1, in2, e, m, j, LMAX, C) + c[None, :],
+                                mask=mask, other=0.0)
+                    tl.store(_row(out0, out1, out2, e, m, j, LMAX, C) + c[None, :], x * gate,
+                             mask=mask)
+
+
+@triton.jit
+def _gate_backward_kernel(
+    g0, g1, g2, first_ptr, in1, in2, grad_first_ptr, grad1, grad2, E, C,
+    LMAX: tl.constexpr, MMAX: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = e < E
+    e = e.to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    mask = e_ok[:, None] & (c < C)[None, :]
+    rows = e[:, None] * ((2 * LMAX + 1) * C) + c[None, :]
+    first, grad_first = first_ptr + rows, grad_first_ptr + rows
+    scalar = tl.load(first + LMAX * C, mask=mask, other=0.0)
+    sig = _sigmoid(scalar)
+    grad = tl.load(_row(g0, g1, g2, e, 0, 0, LMAX, C) + c[None, :], mask=mask, other=0.0)
+    tl.store(grad_first + LMAX * C, grad * sig * (1.0 + scalar * (1.0 - sig)), mask=mask)
+    for l in tl.static_range(1, LMAX + 1):
+        gate = _sigmoid(tl.load(first + (l - 1) * C, mask=mask, other=0.0))
+        grad = tl.load(_row(g0, g1, g2, e, 0, l, LMAX, C) + c[None, :], mask=mask, other=0.0)
+        tl.store(grad_first + (LMAX + l) * C, grad * gate, mask=mask)
+        grad_gate = grad * tl.load(first + (LMAX + l) * C, mask=mask, other=0.0)
+        for m in tl.static_range(1, MMAX + 1):
+            if m <= l:
+                for sign in tl.static_range(2):
+                    j = _signed_row(m, l, sign, LMAX)
+                    grad = tl.load(_row(g0, g1, g2, e, m, j, LMAX, C) + c[None, :], mask=mask,
+                                   other=0.0)
+                    tl.store(_row(grad_first_ptr, grad1, grad2, e, m, j, LMAX, C) + c[None, :],
+                             grad * gate, mask=mask)
+                    grad_gate += grad * tl.load(_row(first_ptr, in1, in2, e, m, j, LMAX, C)
+                                                + c[None, :], mask=mask, other=0.0)
+        tl.store(grad_first + (l - 1) * C, grad_gate * gate * (1.0 - gate), mask=mask)
+
+
 def _layout(node_like: Tensor, wigner: Tensor, mmax: int) -> dict:
     """Compile-time sizes and the tile for node features like ``node_like`` (N, K, C)."""
     k, channels = node_like.shape[1], node_like.shape[2]
@@ -354,3 +427,42 @@ def to_nodes_backward(grad: Tensor, messages: list[Tensor], wigner: Tensor, enve
                 **layout
             )
     return [*grad_messages, grad_wigner, grad_envelope]
+
+
+def _gate_layout(first: Tensor, others: list[Tensor], lmax: int) -> dict:
+    """Compile-time sizes and the tile of the gate kernels (all channels of GATE_TILE //
+    channels edges a program)."""
+    block_c = triton.next_power_of_2(first.shape[1] // (2 * lmax + 1))
+    return dict(LMAX=lmax, MMAX=len(others), BLOCK_E=max(1, GATE_TILE // block_c),
+                BLOCK_C=block_c, num_warps=GATE_WARPS)
+
+
+def gate(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
+    """:func:`fastcalc.uma.edge_gate.edge_gate`."""
+    first, others = first.contiguous(), [block.contiguous() for block in others]
+    edges, channels = first.shape[0], first.shape[1] // (2 * lmax + 1)
+    out = [first.new_empty(edges, (lmax + 1) * channels), *map(torch.empty_like, others)]
+    if edges > 0:
+        layout = _gate_layout(first, others, lmax)
+        with _device(first):
+            _gate_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
+                first, *_three([first, *others])[1:], *_three(out), edges, channels, **layout
+            )
+    return out
+
+
+def gate_backward(grads: list[Tensor], first: Tensor, others: list[Tensor],
+                  lmax: int) -> list[Tensor]:
+    """Gradients of :func:`fastcalc.uma.edge_gate.edge_gate` (its backward operator)."""
+    grads, first = [g.contiguous() for g in grads], first.contiguous()
+    others = [block.contiguous() for block in others]
+    edges, channels = first.shape[0], first.shape[1] // (2 * lmax + 1)
+    grad_first, grad_others = torch.empty_like(first), list(map(torch.empty_like, others))
+    if edges > 0:
+        layout = _gate_layout(first, others, lmax)
+        with _device(first):
+            _gate_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
+                *_three(grads), first, *_three([first, *others])[1:], grad_first,
+                *_three([grad_first, *grad_others])[1:], edges, channels, **layout
+            )
+    return [grad_first, *grad_others]

@@ -46,6 +46,7 @@ __all__ = [
     "dense_rotations",
     "edge_pairs",
     "edge_to_nodes",
+    "fill_gradients",
     "order_sizes",
     "radial_rows",
     "rotation_index",
@@ -128,7 +129,9 @@ def _blocks(edge: Tensor, lmax: int, mmax: int) -> list[Tensor]:
     ]
 
 
-def _fill(grads: list[Tensor | None], shapes: list[torch.Size], like: Tensor) -> list[Tensor]:
+def fill_gradients(
+    grads: list[Tensor | None], shapes: list[torch.Size], like: Tensor
+) -> list[Tensor]:
     """``grads`` of blocks of ``shapes``, with zeros (``like``'s kind) where a block
     received none."""
     return [like.new_zeros(shape) if g is None else g.contiguous() for g, shape in zip(grads, shapes)]
@@ -232,7 +235,8 @@ def _pairs_setup(ctx: Context, inputs: tuple, output: list[Tensor]) -> None:
 
 def _pairs_backward(ctx: Context, grads: list[Tensor | None]) -> tuple:
     x = ctx.saved_tensors[0]
-    grads = edge_pairs_backward(_fill(grads, ctx.shapes, x), *ctx.saved_tensors, ctx.mmax)
+    grads = fill_gradients(grads, ctx.shapes, x)
+    grads = edge_pairs_backward(grads, *ctx.saved_tensors, ctx.mmax)
     return (*grads, None, None, None)
 
 

@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..plain_torch import is_plain
 from ..precision import FrozenLinear, matmul
+from .edge_gate import edge_gate, torch_edge_gate
 from .so3 import coefficient_degrees
 
 Weights = dict[str, torch.Tensor]
@@ -169,25 +171,16 @@ def mixed_linear(weights: Weights, prefix: str, complex_pair: bool = False) -> M
 class SO2Convolution(nn.Module):
     """SO(2)-equivariant linear map of edge-frame features, block by order m.
 
-    ``m = 0``: a real linear map of all ``l`` components (optionally producing
-    ``extra`` leading gate channels).  ``m > 0``: a complex linear map of the
-    ``(+m, -m)`` pair. Features come and go as one tensor per order
+    ``m = 0``: a real linear map of all ``l`` components (the first convolution of a
+    layer also produces the gate channels, ahead of its rows).  ``m > 0``: a complex
+    linear map of the ``(+m, -m)`` pair. Features come and go as one tensor per order
     (:func:`fastcalc.uma.edge_ops.order_sizes`), each the input or output of one
     matrix product. The first convolution of a layer takes inputs already scaled
     by its radial network (:func:`fastcalc.uma.edge_ops.radial_rows`).
     """
 
-    def __init__(
-        self,
-        weights: Weights,
-        prefix: str,
-        mmax: int,
-        out_channels: int,
-        extra: int = 0,
-    ) -> None:
+    def __init__(self, weights: Weights, prefix: str, mmax: int) -> None:
         super().__init__()
-        self.out_channels = out_channels
-        self.extra = extra
         self.m0 = mixed_linear(weights, f"{prefix}fc_m0.")
         self.orders = nn.ModuleList(
             mixed_linear(weights, f"{prefix}so2_m_conv.{m - 1}.fc.", complex_pair=True)
@@ -198,42 +191,28 @@ class SO2Convolution(nn.Module):
         """Its linear maps (m = 0, then each m > 0): the ones whose experts get merged."""
         return [self.m0, *self.orders]
 
-    def forward(self, blocks: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Blocks (E, rows, C_in) by order -> (blocks (E, rows, C_out), gate channels
-        (E, extra))."""
-        gates, m0 = self.m0(blocks[0].flatten(1)).split(
-            (self.extra, self.m0.weight.shape[0] - self.extra), dim=1
-        )
-        out = [m0.unflatten(1, (-1, self.out_channels))]
-        for block, layer in zip(blocks[1:], self.orders):  # [+m components, -m components]
-            out.append(layer(block.flatten(1)).unflatten(1, (-1, self.out_channels)))
-        return out, gates
+    def forward(self, blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Blocks (E, rows, C_in) or (E, rows * C_in) by order -> blocks (E, width) by
+        order: each order's rows of C_out channels, flattened (m = 0: after its gate
+        channels, if any)."""
+        return [layer(block.flatten(1)) for block, layer in zip(blocks, self.mixed_layers())]
 
 
 class EdgeGate(nn.Module):
-    """:class:`Gate` for edge-frame features by order
-    (:func:`fastcalc.uma.edge_ops.order_sizes`).
+    """The gate of the first convolution's outputs (:func:`fastcalc.uma.edge_gate.edge_gate`):
+    SiLU on the l = 0 row, ``sigmoid`` of the gate channels' block ``l - 1`` times every
+    other row of degree l, of every order; within :func:`fastcalc.plain_torch.plain_torch`
+    in its torch code."""
 
-    Block m holds degrees ``m..lmax`` (m = 0: ``0..lmax``; m > 0: those of +m, then those
-    of -m), so each block meets one slice of the sigmoid gates, broadcast over the sign:
-    no gate is copied per component and no block is copied into another.
-    """
-
-    def __init__(self, lmax: int, channels: int) -> None:
+    def __init__(self, lmax: int) -> None:
         super().__init__()
         self.lmax = lmax
-        self.channels = channels
 
-    def forward(self, gates: torch.Tensor, blocks: list[torch.Tensor]) -> list[torch.Tensor]:
-        """SiLU on the l = 0 row of block 0; ``sigmoid(gates)`` (E, lmax * C) block ``l - 1``
-        times each other row of degree l."""
-        gates = torch.sigmoid(gates).unflatten(1, (self.lmax, self.channels))
-        first = blocks[0]
-        out = [torch.cat((F.silu(first[:, :1]), first[:, 1:] * gates), dim=1)]
-        for m, block in enumerate(blocks[1:], start=1):
-            signs = block.unflatten(1, (2, -1)) * gates[:, None, m - 1:]
-            out.append(signs.flatten(1, 2))
-        return out
+    def forward(self, blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Gated blocks by order, each (E, rows * C), of the first convolution's outputs."""
+        first, *others = blocks
+        gate = torch_edge_gate if is_plain() else edge_gate
+        return gate(first, others, self.lmax)
 
 
 class ChargeSpinEmbedding(nn.Module):

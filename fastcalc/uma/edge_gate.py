@@ -1,0 +1,127 @@
+"""UMA's gate between a layer's two SO(2) convolutions, as one operator with its own
+backward pass.
+
+The first convolution's outputs come as one 2-D tensor per order m
+(:func:`fastcalc.uma.edge_ops.order_sizes` rows of C channels each, flattened): the m = 0
+one starts with ``lmax * C`` gate channels, then its ``lmax + 1`` rows. The gate applies
+SiLU to the ``l = 0`` row and multiplies every row of degree ``l >= 1`` (of every order,
++m and -m alike) by ``sigmoid`` of gate block ``l - 1``.
+
+Written with torch's operators, inductor makes four kernels of the forward pass and five
+of the backward one per layer, with the sigmoids and the gradient of the m = 0 output
+(gates and rows) as separate tensors. The operator reads each input once and writes
+each output once, forward and backward (on CUDA the Triton kernels of
+:mod:`fastcalc.uma.edge_kernels`); its torch code (:func:`torch_edge_gate`) is also
+callable as itself, which autograd differentiates, for uncompiled calls in plain torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import FunctionCtx as Context
+
+from .edge_ops import fill_gradients
+
+__all__ = ["edge_gate", "torch_edge_gate"]
+
+
+def _channels(first: Tensor, lmax: int) -> int:
+    """Channels C of a first convolution's m = 0 output (E, lmax * C + (lmax + 1) * C)."""
+    return first.shape[1] // (2 * lmax + 1)
+
+
+def torch_edge_gate(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
+    """The gated blocks by order, each (E, rows * C), of the first convolution's outputs:
+    ``first`` (E, lmax * C gate channels, then (lmax + 1) * C) and ``others``, order
+    m >= 1's (E, 2 (lmax - m + 1) * C), +m rows then -m rows. In torch's operators, which
+    autograd differentiates; :func:`edge_gate` is the operator."""
+    channels = _channels(first, lmax)
+    gates = torch.sigmoid(first[:, : lmax * channels]).unflatten(1, (lmax, channels))
+    m0 = first[:, lmax * channels:].unflatten(1, (lmax + 1, channels))
+    out = [torch.cat((F.silu(m0[:, :1]), m0[:, 1:] * gates), dim=1).flatten(1)]
+    for m, block in enumerate(others, start=1):
+        out.append((block.unflatten(1, (2, -1, channels)) * gates[:, None, m - 1:]).flatten(1))
+    return out
+
+
+edge_gate = torch.library.custom_op("fastcalc::edge_gate", torch_edge_gate, mutates_args=())
+
+
+@edge_gate.register_fake
+def _(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
+    channels = _channels(first, lmax)
+    return [first.new_empty(first.shape[0], (lmax + 1) * channels),
+            *(torch.empty_like(block) for block in others)]
+
+
+def _torch_gate_backward(
+    grads: list[Tensor], first: Tensor, others: list[Tensor], lmax: int
+) -> list[Tensor]:
+    """Gradients of :func:`edge_gate` in ``first``, then in each of ``others``, from those
+    in its outputs, ``grads``."""
+    channels = _channels(first, lmax)
+    pre = first[:, : lmax * channels].unflatten(1, (lmax, channels))
+    sig = torch.sigmoid(pre)
+    m0 = first[:, lmax * channels:].unflatten(1, (lmax + 1, channels))
+    grad0 = grads[0].unflatten(1, (lmax + 1, channels))
+    scalar, sig_scalar = m0[:, :1], torch.sigmoid(m0[:, :1])
+    grad_scalar = grad0[:, :1] * sig_scalar * (1 + scalar * (1 - sig_scalar))  # SiLU'
+    grad_gates = grad0[:, 1:] * m0[:, 1:]  # (E, lmax, C), sums over each degree's rows
+    grad_others = []
+    for m, (block, grad) in enumerate(zip(others, grads[1:]), start=1):
+        grad = grad.unflatten(1, (2, -1, channels))
+        grad_others.append((grad * sig[:, None, m - 1:]).flatten(1))
+        grad_gates[:, m - 1:] += (grad * block.unflatten(1, (2, -1, channels))).sum(dim=1)
+    grad_first = torch.cat(
+        ((grad_gates * sig * (1 - sig)).flatten(1), grad_scalar.flatten(1),
+         (grad0[:, 1:] * sig).flatten(1)),
+        dim=1,
+    )
+    return [grad_first, *grad_others]
+
+
+edge_gate_backward = torch.library.custom_op(
+    "fastcalc::edge_gate_backward", _torch_gate_backward, mutates_args=()
+)
+
+
+@edge_gate_backward.register_fake
+def _(grads: list[Tensor], first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
+    return [torch.empty_like(first), *(torch.empty_like(block) for block in others)]
+
+
+def _gate_setup(ctx: Context, inputs: tuple, output: list[Tensor]) -> None:
+    first, others, ctx.lmax = inputs
+    ctx.save_for_backward(first, *others)
+    ctx.shapes = [block.shape for block in output]
+
+
+def _gate_backward(ctx: Context, grads: list[Tensor | None]) -> tuple:
+    first, *others = ctx.saved_tensors
+    grad_first, *grad_others = edge_gate_backward(
+        fill_gradients(grads, ctx.shapes, first), first, others, ctx.lmax
+    )
+    return grad_first, grad_others, None
+
+
+edge_gate.register_autograd(_gate_backward, setup_context=_gate_setup)
+
+
+@edge_gate.register_kernel("cuda")
+def _(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
+    from . import edge_kernels
+
+    if len(others) > edge_kernels.MAX_ORDER:
+        return torch_edge_gate(first, others, lmax)
+    return edge_kernels.gate(first, others, lmax)
+
+
+@edge_gate_backward.register_kernel("cuda")
+def _(grads: list[Tensor], first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
+    from . import edge_kernels
+
+    if len(others) > edge_kernels.MAX_ORDER:
+        return _torch_gate_backward(grads, first, others, lmax)
+    return edge_kernels.gate_backward(grads, first, others, lmax)

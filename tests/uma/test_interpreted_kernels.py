@@ -1,0 +1,90 @@
+"""UMA's Triton kernels on the CPU, in Triton's interpreter, against the torch code of
+the same operators: forward and backward of the edge pairs, the scattering to the
+atoms and the gate, in float64 and float32. The kernels run in a process of their own
+(:mod:`interpreted_kernels_worker`), all in one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import test_edge_gate
+import test_edge_ops
+
+from fastcalc.uma.edge_gate import edge_gate, edge_gate_backward
+from fastcalc.uma.edge_ops import (
+    edge_pairs,
+    edge_pairs_backward,
+    edge_to_nodes,
+    edge_to_nodes_backward,
+)
+
+WORKER = Path(__file__).with_name("interpreted_kernels_worker.py")
+DTYPES = [torch.float64, torch.float32]
+# (lmax, mmax, channels): UMA-S's layout, one whose m-major order drops components, and
+# the m = 0 rows alone
+LAYOUTS = [(2, 2, 128), (3, 1, 4), (2, 0, 16)]
+CASES = [(layout, dtype) for layout in LAYOUTS for dtype in DTYPES]
+
+
+def edge_calls(lmax: int, mmax: int, channels: int, dtype: torch.dtype) -> list[tuple]:
+    """(kernel wrapper, custom operator, arguments) of the rotation operators."""
+    o = test_edge_ops.operands(lmax, mmax, channels, dtype=dtype)
+    blocks = test_edge_ops.blocks_of
+    pairs = torch.cat(edge_pairs(o["x"], o["rotation"], o["radial"], o["neighbour"],
+                                 o["centre"], mmax), dim=1)
+    nodes_args = (o["x"], blocks(o, o["messages"]), o["rotation"], o["envelope"], o["centre"],
+                  mmax)
+    return [
+        ("pairs", edge_pairs,
+         (o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], mmax)),
+        ("pairs_backward", edge_pairs_backward,
+         (blocks(o, pairs.cos()), o["x"], o["rotation"], o["radial"], o["neighbour"],
+          o["centre"], mmax)),
+        ("to_nodes", edge_to_nodes, nodes_args),
+        ("to_nodes_backward", edge_to_nodes_backward,
+         (edge_to_nodes(*nodes_args).sin(), *nodes_args[1:])),
+    ]
+
+
+def gate_calls(lmax: int, mmax: int, channels: int, dtype: torch.dtype) -> list[tuple]:
+    """(kernel wrapper, custom operator, arguments) of the gate."""
+    first, *others = test_edge_gate.operands(lmax, mmax, channels, dtype=dtype)
+    grads = [g.cos() for g in edge_gate(first, others, lmax)]
+    return [("gate", edge_gate, (first, others, lmax)),
+            ("gate_backward", edge_gate_backward, (grads, first, others, lmax))]
+
+
+def calls(layout: tuple, dtype: torch.dtype) -> list[tuple]:
+    return edge_calls(*layout, dtype) + gate_calls(*layout, dtype)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict:
+    """Each case's kernel results, from one interpreter process."""
+    folder = tmp_path_factory.mktemp("interpreted")
+    requests = [(name, args) for case in CASES for name, _, args in calls(*case)]
+    torch.save(requests, folder / "calls.pt")
+    done = subprocess.run([sys.executable, str(WORKER), folder / "calls.pt", folder / "out.pt"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    results = iter(torch.load(folder / "out.pt"))
+    return {case: [next(results) for _ in calls(*case)] for case in CASES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}-{str(case[1])[6:]}")
+def test_interpreted_kernels_match_the_torch_code(interpreted, case):
+    """Every output of every kernel equals the operator's torch code (its CPU kernel), to
+    round-off: float64 to 1e-12, float32 to 1e-5 relative."""
+    layout, dtype = case
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    for (name, op, args), got in zip(calls(layout, dtype), interpreted[case]):
+        expected = op(*args)
+        expected = [expected] if torch.is_tensor(expected) else list(expected)
+        got = [got] if torch.is_tensor(got) else list(got)
+        assert len(got) == len(expected), name
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, **tol, msg=lambda m: f"{name}: {m}")
