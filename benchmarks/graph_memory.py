@@ -248,6 +248,23 @@ def report(graph: torch.fx.Graph, top: int) -> str:
     return "\n".join(out)
 
 
+def traced_core(
+    checkpoint: Path | None, natoms: int, dtype: torch.dtype
+) -> tuple[UMACore, tuple[torch.Tensor, ...], torch.fx.GraphModule]:
+    """The UMA core of ``checkpoint`` (a UMA-S-shaped random one written there, or in a
+    temporary folder, if missing) in ``dtype``, the padded inputs of ``natoms`` copper
+    atoms, and its energy-forces-stress graph traced on them with source lines."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = checkpoint or Path(folder) / "uma-s.pt"
+        if not path.exists():
+            build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
+        core = UMACore(load_checkpoint(path), "omat", dtype=dtype)
+    core.requires_grad_(False)
+    inputs = copper_inputs(core, natoms)
+    anchor_source_functions()
+    return core, inputs, trace(core.energy_and_gradients, inputs, record_stack_traces=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--atoms", type=int, default=1008, choices=sorted(COPPER_REPEATS))
@@ -257,15 +274,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--top", type=int, default=12, help="rows per table")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        path = args.checkpoint or Path(folder) / "uma-s.pt"
-        if not path.exists():
-            build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
-        core = UMACore(load_checkpoint(path), "omat", dtype=getattr(torch, args.dtype))
-    core.requires_grad_(False)
-    inputs = copper_inputs(core, args.atoms)
-    anchor_source_functions()
-    graph = trace(core.energy_and_gradients, inputs, record_stack_traces=True)
+    core, inputs, graph = traced_core(args.checkpoint, args.atoms, getattr(torch, args.dtype))
     graph.graph.eliminate_dead_code()  # as the compiler does: results nothing reads
     print(
         f"UMA core ({len(core.blocks)} layers, {core.channels} channels, lmax {core.lmax}, "

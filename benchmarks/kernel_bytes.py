@@ -24,7 +24,6 @@ import argparse
 import collections
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -34,15 +33,10 @@ import torch._inductor.metrics
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from graph_memory import anchor_source_functions, copper_inputs, source_line  # noqa: E402
+from graph_memory import source_line, traced_core  # noqa: E402
 
-from fastcalc.bench.suite import UMA_S  # noqa: E402
 from fastcalc.bench.timing import COPPER_REPEATS  # noqa: E402
-from fastcalc.bench.upstream import build_checkpoint, default_backbone  # noqa: E402
 from fastcalc.saved_graph import COMPILE_OPTIONS  # noqa: E402
-from fastcalc.tracing import trace  # noqa: E402
-from fastcalc.uma.checkpoint import load_checkpoint  # noqa: E402
-from fastcalc.uma.core import UMACore  # noqa: E402
 
 #: The logger whose INFO level makes inductor count each kernel's bytes.
 METRICS_LOGGER = "torch._inductor.compile_fx.__inductor_metrics"
@@ -103,15 +97,7 @@ def main() -> None:
     )
     parser.add_argument("--top", type=int, default=20, help="compiler-generated kernels listed")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        path = args.checkpoint or Path(folder) / "uma-s.pt"
-        if not path.exists():
-            build_checkpoint(path, default_backbone(**UMA_S), "UMA-S-1.2.1", seed=0)
-        core = UMACore(load_checkpoint(path), "omat", dtype=torch.float32)
-    core.requires_grad_(False)
-    inputs = copper_inputs(core, args.atoms)
-    anchor_source_functions()
-    graph = trace(core.energy_and_gradients, inputs, record_stack_traces=True)
+    _, inputs, graph = traced_core(args.checkpoint, args.atoms, torch.float32)
     edges = inputs[3].shape[1]
     print(f"UMA core, {args.atoms} Cu atoms padded to {len(inputs[0])}, {edges} padded edges, "
           f"float32, compiled for the CPU (torch {torch.__version__})")

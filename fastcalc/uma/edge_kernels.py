@@ -47,6 +47,16 @@ def _device(tensor: Tensor) -> contextlib.AbstractContextManager:
 
 
 @triton.jit
+def _tile(E, C, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's edges (int64) and which of them exist, its channels, and the mask of
+    its (edges, channels) tile."""
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = e < E
+    c = tl.arange(0, BLOCK_C)
+    return e.to(tl.int64), e_ok, c, e_ok[:, None] & (c < C)[None, :]
+
+
+@triton.jit
 def _order_start(m: tl.constexpr, LMAX: tl.constexpr):
     """Radial rows (also: +m components past the m = 0 ones) before order ``m >= 1``."""
     return (m - 1) * (LMAX + 1) - (m - 1) * m // 2
@@ -100,12 +110,8 @@ def _pairs_kernel(
     NR: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     side = tl.program_id(1)
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    e_ok = e < E
-    e = e.to(tl.int64)
+    e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
     kb = tl.arange(0, KB)
-    c = tl.arange(0, BLOCK_C)
-    mask = e_ok[:, None] & (c < C)[None, :]
     src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
     radial = radial_ptr + e[:, None] * (NR * 2 * C) + side * C + c[None, :]
     column = side * C + c[None, :]
@@ -148,12 +154,8 @@ def _pairs_backward_kernel(
     NR: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     side = tl.program_id(1)
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    e_ok = e < E
-    e = e.to(tl.int64)
+    e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
     kb = tl.arange(0, KB)
-    c = tl.arange(0, BLOCK_C)
-    mask = e_ok[:, None] & (c < C)[None, :]
     src = tl.load(src_ptr + side * E + e, mask=e_ok, other=0).to(tl.int64)
     radial = e[:, None] * (NR * 2 * C) + side * C + c[None, :]
     column = side * C + c[None, :]
@@ -187,12 +189,8 @@ def _to_nodes_kernel(
     LMAX: tl.constexpr, MMAX: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
     KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    e_ok = e < E
-    e = e.to(tl.int64)
+    e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
     kb = tl.arange(0, KB)
-    c = tl.arange(0, BLOCK_C)
-    mask = e_ok[:, None] & (c < C)[None, :]
     envelope = tl.load(env_ptr + e, mask=e_ok, other=0.0)
     centre = tl.load(centre_ptr + e, mask=e_ok, other=0).to(tl.int64)
     for l in tl.static_range(LMAX + 1):
@@ -240,12 +238,8 @@ def _to_nodes_backward_kernel(
     LMAX: tl.constexpr, MMAX: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
     KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    e_ok = e < E
-    e = e.to(tl.int64)
+    e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
     kb = tl.arange(0, KB)
-    c = tl.arange(0, BLOCK_C)
-    mask = e_ok[:, None] & (c < C)[None, :]
     envelope = tl.load(env_ptr + e, mask=e_ok, other=0.0)
     centre = tl.load(centre_ptr + e, mask=e_ok, other=0).to(tl.int64)
     grad_envelope = tl.zeros((BLOCK_E,), dtype=envelope.dtype)
@@ -277,11 +271,7 @@ def _gate_kernel(
     first_ptr, in1, in2, out0, out1, out2, E, C,
     LMAX: tl.constexpr, MMAX: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    e_ok = e < E
-    e = e.to(tl.int64)
-    c = tl.arange(0, BLOCK_C)
-    mask = e_ok[:, None] & (c < C)[None, :]
+    e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
     first = first_ptr + e[:, None] * ((2 * LMAX + 1) * C) + c[None, :]
     scalar = tl.load(first + LMAX * C, mask=mask, other=0.0)
     tl.store(_row(out0, out1, out2, e, 0, 0, LMAX, C) + c[None, :], scalar * _sigmoid(scalar),
@@ -305,11 +295,7 @@ def _gate_backward_kernel(
     g0, g1, g2, first_ptr, in1, in2, grad_first_ptr, grad1, grad2, E, C,
     LMAX: tl.constexpr, MMAX: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    e_ok = e < E
-    e = e.to(tl.int64)
-    c = tl.arange(0, BLOCK_C)
-    mask = e_ok[:, None] & (c < C)[None, :]
+    e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
     rows = e[:, None] * ((2 * LMAX + 1) * C) + c[None, :]
     first, grad_first = first_ptr + rows, grad_first_ptr + rows
     scalar = tl.load(first + LMAX * C, mask=mask, other=0.0)
