@@ -1,7 +1,7 @@
 """UMA's Triton kernels on the CPU, in Triton's interpreter, against the torch code of
 the same operators: forward and backward of the edge pairs, the scattering to the
 atoms and the gate, in float64 and float32. The kernels run in a process of their own
-(:mod:`interpreted_kernels_worker`), all in one."""
+(``tests/interpreted_kernels_worker.py``), all in one."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from fastcalc.uma.edge_ops import (
     edge_to_nodes_backward,
 )
 
-WORKER = Path(__file__).with_name("interpreted_kernels_worker.py")
+WORKER = Path(__file__).parents[1] / "interpreted_kernels_worker.py"
 DTYPES = [torch.float64, torch.float32]
 # (lmax, mmax, channels): UMA-S's layout, one whose m-major order drops components, and
 # the m = 0 rows alone
@@ -66,7 +66,8 @@ def calls(layout: tuple, dtype: torch.dtype) -> list[tuple]:
 def interpreted(tmp_path_factory) -> dict:
     """Each case's kernel results, from one interpreter process."""
     folder = tmp_path_factory.mktemp("interpreted")
-    requests = [(name, args) for case in CASES for name, _, args in calls(*case)]
+    requests = [(f"fastcalc.uma.edge_kernels:{name}", args)
+                for case in CASES for name, _, args in calls(*case)]
     torch.save(requests, folder / "calls.pt")
     done = subprocess.run([sys.executable, str(WORKER), folder / "calls.pt", folder / "out.pt"],
                           capture_output=True, text=True, timeout=900)
