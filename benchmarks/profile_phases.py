@@ -120,13 +120,13 @@ def kernels(calc: Calculator, natoms: int, snapshot: Path | None = None) -> None
 _MATMUL_KERNELS = ("gemm", "xmma", "magma", "cutlass")
 
 
-def kernel_summary(events, calls: int) -> str:
+def kernel_summary(events, calls: int, top: int = 15) -> str:
     """Device time and kernel count per call, by family: matrix products (cuBLAS and
-    cutlass kernels), compiler-generated (triton) and other kernels."""
+    cutlass kernels), compiler-generated (triton) and other kernels; then the ``top``
+    kernels that took the most device time."""
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for event in events:
-        if event.device_type != DeviceType.CUDA:
-            continue
+    kernels = [event for event in events if event.device_type == DeviceType.CUDA]
+    for event in kernels:
         if any(part in event.key for part in _MATMUL_KERNELS):
             family = "matrix products"
         elif event.key.startswith("triton_"):
@@ -138,8 +138,14 @@ def kernel_summary(events, calls: int) -> str:
     lines = [f"  {name:16s} {ms:8.2f} ms/call {count:6.0f} kernels/call"
              for name, (ms, count) in sorted(totals.items())]
     all_ms, all_count = sum(v[0] for v in totals.values()), sum(v[1] for v in totals.values())
-    return "\n".join(["per call, by kernel family:", *lines,
-                      f"  {'all':16s} {all_ms:8.2f} ms/call {all_count:6.0f} kernels/call"])
+    largest = sorted(kernels, key=lambda event: -event.self_device_time_total)[:top]
+    return "\n".join([
+        "per call, by kernel family:", *lines,
+        f"  {'all':16s} {all_ms:8.2f} ms/call {all_count:6.0f} kernels/call",
+        f"largest {len(largest)} kernels (ms per call, launches per call, name):",
+        *(f"  {event.self_device_time_total / calls / 1e3:8.3f} {event.count / calls:5.0f}  "
+          f"{event.key[:90]}" for event in largest),
+    ])
 
 
 def profile(calc: Calculator, timer: PhaseTimer, natoms: int, calls: int) -> None:
