@@ -10,6 +10,8 @@ large products, whose float32 form runs on the GPU's slower SIMT units.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -56,6 +58,12 @@ def _matmul_kernel(
 def matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
     """``a @ b (+ bias)`` for float32 matrices ``a`` (M, K) and ``b`` (K, N), any strides,
     and a contiguous ``bias`` (N,), added in the same kernel."""
+    return _launch(_matmul_kernel, a, b, bias)
+
+
+def _launch(kernel, a: Tensor, b: Tensor, bias: Tensor | None, **tile: int) -> Tensor:
+    """:func:`matmul` by ``kernel``: the autotuned kernel, or its function (``.fn``) with a
+    fixed ``tile`` (as the tests run it in Triton's interpreter, where nothing is timed)."""
     m, k = a.shape
     n = b.shape[1]
     out = a.new_empty((m, n))
@@ -65,8 +73,8 @@ def matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
     def grid(meta: dict) -> tuple[int]:
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    with torch.cuda.device(a.device):
-        _matmul_kernel[grid](a, b, out if bias is None else bias, out, m, n, k, a.stride(0),
-                             a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-                             out.stride(1), HAS_BIAS=bias is not None)
+    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+        kernel[grid](a, b, out if bias is None else bias, out, m, n, k, a.stride(0),
+                     a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+                     HAS_BIAS=bias is not None, **tile)
     return out

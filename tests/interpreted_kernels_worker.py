@@ -13,7 +13,6 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 
 def tf32x3_tile(config: int, a: torch.Tensor, b: torch.Tensor,
@@ -23,15 +22,7 @@ def tf32x3_tile(config: int, a: torch.Tensor, b: torch.Tensor,
     from fastcalc import tf32x3_kernel
 
     tile = tf32x3_kernel.CONFIGS[config].kwargs
-    (m, k), n = a.shape, b.shape[1]
-    out = a.new_empty(m, n)
-    grid = (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"]),)
-    tf32x3_kernel._matmul_kernel.fn[grid](
-        a, b, out if bias is None else bias, out, m, n, k, a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1), out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
-        **tile,
-    )
-    return out
+    return tf32x3_kernel._launch(tf32x3_kernel._matmul_kernel.fn, a, b, bias, **tile)
 
 
 def resolve(function: str):

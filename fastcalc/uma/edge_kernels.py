@@ -415,10 +415,10 @@ def to_nodes_backward(grad: Tensor, messages: list[Tensor], wigner: Tensor, enve
     return [*grad_messages, grad_wigner, grad_envelope]
 
 
-def _gate_layout(first: Tensor, others: list[Tensor], lmax: int) -> dict:
+def _gate_layout(channels: int, others: list[Tensor], lmax: int) -> dict:
     """Compile-time sizes and the tile of the gate kernels (all channels of GATE_TILE //
     channels edges a program)."""
-    block_c = triton.next_power_of_2(first.shape[1] // (2 * lmax + 1))
+    block_c = triton.next_power_of_2(channels)
     return dict(LMAX=lmax, MMAX=len(others), BLOCK_E=max(1, GATE_TILE // block_c),
                 BLOCK_C=block_c, num_warps=GATE_WARPS)
 
@@ -429,7 +429,7 @@ def gate(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
     edges, channels = first.shape[0], first.shape[1] // (2 * lmax + 1)
     out = [first.new_empty(edges, (lmax + 1) * channels), *map(torch.empty_like, others)]
     if edges > 0:
-        layout = _gate_layout(first, others, lmax)
+        layout = _gate_layout(channels, others, lmax)
         with _device(first):
             _gate_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
                 first, *_three([first, *others])[1:], *_three(out), edges, channels, **layout
@@ -445,7 +445,7 @@ def gate_backward(grads: list[Tensor], first: Tensor, others: list[Tensor],
     edges, channels = first.shape[0], first.shape[1] // (2 * lmax + 1)
     grad_first, grad_others = torch.empty_like(first), list(map(torch.empty_like, others))
     if edges > 0:
-        layout = _gate_layout(first, others, lmax)
+        layout = _gate_layout(channels, others, lmax)
         with _device(first):
             _gate_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
                 *_three(grads), first, *_three([first, *others])[1:], grad_first,
