@@ -6,16 +6,12 @@ the kernel's indexing, masks and bias, not the TF32 split (Triton's own, which
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from interpreted import interpret
 
 from fastcalc.tf32x3_kernel import CONFIGS
 
-WORKER = Path(__file__).with_name("interpreted_kernels_worker.py")
 #: (M, K, N, bias): a tile multiple, ragged in every dimension, a column.
 SHAPES = [(256, 128, 128, False), (300, 100, 33, True), (64, 200, 1, True)]
 CASES = [(config, shape) for config in range(len(CONFIGS)) for shape in SHAPES]
@@ -32,12 +28,8 @@ def operands(m: int, k: int, n: int, bias: bool) -> tuple:
 def interpreted(tmp_path_factory) -> dict:
     """Each case's product, from one interpreter process."""
     folder = tmp_path_factory.mktemp("interpreted")
-    torch.save([("tf32x3_tile", (config, *operands(*shape))) for config, shape in CASES],
-               folder / "calls.pt")
-    done = subprocess.run([sys.executable, str(WORKER), folder / "calls.pt", folder / "out.pt"],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr
-    return dict(zip(CASES, torch.load(folder / "out.pt")))
+    calls = [("tf32x3_tile", (config, *operands(*shape))) for config, shape in CASES]
+    return dict(zip(CASES, interpret(calls, folder)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: f"tile{case[0]}-{case[1]}")

@@ -1,18 +1,15 @@
 """UMA's Triton kernels on the CPU, in Triton's interpreter, against the torch code of
 the same operators: forward and backward of the edge pairs, the scattering to the
 atoms and the gate, in float64 and float32. The kernels run in a process of their own
-(``tests/interpreted_kernels_worker.py``), all in one."""
+(:func:`interpreted.interpret`), all in one."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import test_edge_gate
 import test_edge_ops
+from interpreted import interpret
 
 from fastcalc.uma.edge_gate import edge_gate, edge_gate_backward
 from fastcalc.uma.edge_ops import (
@@ -22,7 +19,6 @@ from fastcalc.uma.edge_ops import (
     edge_to_nodes_backward,
 )
 
-WORKER = Path(__file__).parents[1] / "interpreted_kernels_worker.py"
 DTYPES = [torch.float64, torch.float32]
 # (lmax, mmax, channels): UMA-S's layout, one whose m-major order drops components, and
 # the m = 0 rows alone
@@ -68,11 +64,7 @@ def interpreted(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("interpreted")
     requests = [(f"fastcalc.uma.edge_kernels:{name}", args)
                 for case in CASES for name, _, args in calls(*case)]
-    torch.save(requests, folder / "calls.pt")
-    done = subprocess.run([sys.executable, str(WORKER), folder / "calls.pt", folder / "out.pt"],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr
-    results = iter(torch.load(folder / "out.pt"))
+    results = iter(interpret(requests, folder))
     return {case: [next(results) for _ in calls(*case)] for case in CASES}
 
 
