@@ -9,10 +9,11 @@ SiLU to the ``l = 0`` row and multiplies every row of degree ``l >= 1`` (of ever
 
 Written with torch's operators and compiled for the CPU, inductor made four kernels of the
 forward pass and five of the backward one per layer, with the sigmoids and the gradient of
-the m = 0 output (gates and rows) as separate tensors (``benchmarks/kernel_bytes.py``). The operator reads each input once and writes
-each output once, forward and backward (on CUDA the Triton kernels of
-:mod:`fastcalc.uma.edge_kernels`); its torch code (:func:`torch_edge_gate`) is also
-callable as itself, which autograd differentiates, for uncompiled calls in plain torch.
+the m = 0 output (gates and rows) as separate tensors (``benchmarks/kernel_bytes.py``).
+The operator reads each input once and writes each output once, forward and backward
+(on CUDA the Triton kernels of :mod:`fastcalc.uma.edge_kernels`); its torch code
+(:func:`torch_edge_gate`) is also callable as itself, which autograd differentiates, for
+uncompiled calls in plain torch.
 """
 
 from __future__ import annotations
