@@ -10,11 +10,10 @@ large products, whose float32 form runs on the GPU's slower SIMT units.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-
-from .kernel_device import kernel_device
 
 #: Tiles tried for each (N, K) the first time it is met (timed once per process).
 CONFIGS = [
@@ -72,7 +71,7 @@ def _launch(kernel, a: Tensor, b: Tensor, bias: Tensor | None, **tile: int) -> T
     def grid(meta: dict) -> tuple[int]:
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    with kernel_device(a):
+    with torch.cuda.device_of(a):
         kernel[grid](a, b, out if bias is None else bias, out, m, n, k, a.stride(0),
                      a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
                      HAS_BIAS=bias is not None, **tile)

@@ -25,7 +25,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..kernel_device import kernel_device
 from .edge_ops import order_sizes
 
 #: Elements of the (edges, KB, channels) tile each program holds, and its warps: one edge
@@ -344,7 +343,7 @@ def pairs(x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: 
         return out
     layout = _layout(x, wigner, mmax)
     layout["NR"] = radial.shape[1] // (2 * channels)
-    with kernel_device(x):
+    with torch.cuda.device_of(x):
         _pairs_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
             x, wigner, radial, torch.stack((neighbour, centre)), *_three(out), edges, channels,
             **layout
@@ -366,7 +365,7 @@ def pairs_backward(grads: list[Tensor], x: Tensor, wigner: Tensor, radial: Tenso
         return grad_x, grad_wigner.sum(dim=0), grad_radial
     layout = _layout(x, wigner, mmax)
     layout["NR"] = radial.shape[1] // (2 * channels)
-    with kernel_device(x):
+    with torch.cuda.device_of(x):
         _pairs_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
             *_three(grads), x, wigner, radial, torch.stack((neighbour, centre)),
             grad_x, grad_wigner, grad_radial, edges, channels, **layout
@@ -382,7 +381,7 @@ def to_nodes(x: Tensor, messages: list[Tensor], wigner: Tensor, envelope: Tensor
     out = x.clone(memory_format=torch.contiguous_format)
     if edges == 0:
         return out
-    with kernel_device(x):
+    with torch.cuda.device_of(x):
         layout = _layout(x, wigner, mmax)
         _to_nodes_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
             *_three(messages), wigner, envelope.contiguous(), centre.contiguous(), out,
@@ -401,7 +400,7 @@ def to_nodes_backward(grad: Tensor, messages: list[Tensor], wigner: Tensor, enve
     grad_wigner = torch.zeros_like(wigner)  # rows with |m| > mmax are never written
     grad_envelope = torch.empty_like(envelope)
     if edges > 0:
-        with kernel_device(grad):
+        with torch.cuda.device_of(grad):
             layout = _layout(grad, wigner, mmax)
             _to_nodes_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
                 grad, *_three(messages), wigner, envelope, centre.contiguous(),
@@ -426,7 +425,7 @@ def gate(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
     out = [first.new_empty(edges, (lmax + 1) * channels), *map(torch.empty_like, others)]
     if edges > 0:
         layout = _gate_layout(channels, others, lmax)
-        with kernel_device(first):
+        with torch.cuda.device_of(first):
             _gate_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
                 first, *_three([first, *others])[1:], *_three(out), edges, channels, **layout
             )
@@ -442,7 +441,7 @@ def gate_backward(grads: list[Tensor], first: Tensor, others: list[Tensor],
     grad_first, grad_others = torch.empty_like(first), list(map(torch.empty_like, others))
     if edges > 0:
         layout = _gate_layout(channels, others, lmax)
-        with kernel_device(first):
+        with torch.cuda.device_of(first):
             _gate_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
                 *_three(grads), first, *_three([first, *others])[1:], grad_first,
                 *_three([grad_first, *grad_others])[1:], edges, channels, **layout
