@@ -8,10 +8,15 @@ then everything is kept again); so it starts from the input plus a zero made by 
 opaque operator from the incoming gradient: no pass can merge that with the forward
 pass, fold the zero away or move it before the backward pass, and the addition fuses
 into the recomputation's first kernel (no copy of the input).
+
+The recomputation runs in the context variables of the forward pass (fastcalc's
+precision of the network's products, say): autograd runs the backward pass of CUDA
+tensors on a thread of its own, where they would otherwise read their defaults.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 
 import torch
@@ -39,18 +44,25 @@ class _Recomputed(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, x: torch.Tensor, fn: Function) -> torch.Tensor:
         ctx.fn = fn
+        ctx.context = contextvars.copy_context()
         ctx.save_for_backward(x)
         return fn(x)
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            # ``again`` is no leaf: module hooks (torch's FlopCounterMode, say) may not
-            # be handed a leaf inside a backward pass
-            again = x.detach().requires_grad_(True) + _zero_after(grad)
-            (grad_x,) = torch.autograd.grad(ctx.fn(again), again, grad)
-        return grad_x, None
+        # a copy: one context cannot be entered twice at once (nested backward passes)
+        return ctx.context.copy().run(_gradient, ctx.fn, x, grad), None
+
+
+def _gradient(fn: Function, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``fn`` at ``x`` along ``grad``, ``fn`` evaluated again."""
+    with torch.enable_grad():
+        # ``again`` is no leaf: module hooks (torch's FlopCounterMode, say) may not be
+        # handed a leaf inside a backward pass
+        again = x.detach().requires_grad_(True) + _zero_after(grad)
+        (grad_x,) = torch.autograd.grad(fn(again), again, grad)
+    return grad_x
 
 
 def recomputed(fn: Function, x: torch.Tensor) -> torch.Tensor:

@@ -104,3 +104,29 @@ def test_backward_runs_under_module_hooks_of_torch_s_flop_counter():
         (grad,) = torch.autograd.grad(recomputed(fn, 2 * leaf).sum(), leaf)
     torch.testing.assert_close(grad, expected, rtol=1e-14, atol=1e-14)
     assert counter.get_total_flops() > 0
+
+
+def test_the_recomputation_sees_the_forward_pass_s_context_variables():
+    """autograd runs CUDA tensors' backward passes on a thread of its own, where context
+    variables (fastcalc's network precision) read their defaults; a backward pass in a
+    new thread stands in for it here: the recomputation must see the forward's value."""
+    import contextvars
+    import threading
+
+    mode = contextvars.ContextVar("mode", default="default")
+    seen = []
+
+    def fn(x):
+        seen.append(mode.get())
+        return x.square()
+
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    token = mode.set("forward's")
+    y = recomputed(fn, x).sum()
+    mode.reset(token)
+    grads = []
+    thread = threading.Thread(target=lambda: grads.extend(torch.autograd.grad(y, x)))
+    thread.start()
+    thread.join()
+    assert seen == ["forward's", "forward's"]
+    torch.testing.assert_close(grads[0], 2 * x.detach(), rtol=1e-14, atol=1e-14)
