@@ -51,8 +51,7 @@ class _Recomputed(torch.autograd.Function):
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
-        # a copy: one context cannot be entered twice at once (nested backward passes)
-        return ctx.context.copy().run(_gradient, ctx.fn, x, grad), None
+        return ctx.context.run(_gradient, ctx.fn, x, grad), None
 
 
 def _gradient(fn: Function, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:

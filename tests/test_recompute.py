@@ -3,6 +3,9 @@ graph after common-subexpression elimination."""
 
 from __future__ import annotations
 
+import contextvars
+import threading
+
 import torch
 from torch import nn
 from torch._functorch.compile_utils import fx_graph_cse
@@ -110,9 +113,6 @@ def test_the_recomputation_sees_the_forward_pass_s_context_variables():
     """autograd runs CUDA tensors' backward passes on a thread of its own, where context
     variables (fastcalc's network precision) read their defaults; a backward pass in a
     new thread stands in for it here: the recomputation must see the forward's value."""
-    import contextvars
-    import threading
-
     mode = contextvars.ContextVar("mode", default="default")
     seen = []
 
