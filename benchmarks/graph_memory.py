@@ -6,7 +6,9 @@ inputs of rattled fcc copper as ``BucketedCalculator.evaluate`` makes them, and 
 and backward). Nothing runs: every node's shape is the traced size, read from the
 symbolic trace, so 1008 atoms cost no memory. Each tensor that allocates (views,
 in-place ops and ``getitem`` share their base's storage) lives from the node that makes
-it to the last node reading it or a view of it (reading its size does not count); the report gives the peak of the sum,
+it to the last node reading it or a view of it (reading its size does not count); each
+output of a multi-output operator is an allocation of its own, from that operator to its
+output's last reader. The report gives the peak of the sum,
 the tensors alive there (grouped by the source line that made them) and what the
 forward pass leaves for the backward one. Dead code (a recomputed output that only its
 gradient needed) is removed first; inputs and weights are counted apart.
@@ -150,6 +152,7 @@ def storages(graph: torch.fx.Graph) -> tuple[list[Storage], int, int]:
     positions), plus the bytes of its inputs and of its attributes (weights)."""
     nodes = list(graph.nodes)
     owner: dict[torch.fx.Node, Storage | None] = {}
+    born_together: dict[torch.fx.Node, int] = {}  # multi-output nodes and their positions
     made: list[Storage] = []
     inputs = weights = 0
     for i, node in enumerate(nodes):
@@ -162,8 +165,14 @@ def storages(graph: torch.fx.Graph) -> tuple[list[Storage], int, int]:
             owner[node] = None
         elif node.op == "call_function":
             base = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
-            if _aliases_input(node) and base is not None:
+            if base in born_together:  # one of several outputs, each allocated apart
+                owner[node] = Storage(node, size, born_together[base], i)
+                made.append(owner[node])
+            elif _aliases_input(node) and base is not None:
                 owner[node] = owner.get(base)
+            elif isinstance(node.meta.get("val"), (list, tuple)):
+                born_together[node] = i
+                owner[node] = None
             elif size:
                 owner[node] = Storage(node, size, i, i)
                 made.append(owner[node])
