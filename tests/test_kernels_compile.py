@@ -8,6 +8,7 @@ its first launch."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -15,6 +16,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from fastcalc import tf32x3_kernel  # noqa: E402
 from fastcalc.uma import edge_kernels  # noqa: E402
+from fastcalc.uma.edge_ops import radial_rows  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 #: Arguments that point to atom indices (int64); every other pointer is to features.
@@ -44,47 +46,45 @@ EDGE_KERNELS = ["_pairs_kernel", "_pairs_backward_kernel", "_to_nodes_kernel",
 GATE_KERNELS = ["_gate_kernel", "_gate_backward_kernel"]
 
 
-def edge_constants(lmax: int, mmax: int, channels: int) -> dict:
-    """The constexprs :func:`fastcalc.uma.edge_kernels._layout` gives for this layout."""
-    block_c, degree_block = triton.next_power_of_2(channels), triton.next_power_of_2(2 * lmax + 1)
-    return dict(LMAX=lmax, MMAX=mmax, K=(lmax + 1) ** 2,
-                S=sum((2 * l + 1) ** 2 for l in range(lmax + 1)), KB=degree_block,
-                BLOCK_E=max(1, edge_kernels.TILE // (degree_block * block_c)), BLOCK_C=block_c)
+def launch_layout(layout: tuple[int, int, int], gate: bool) -> dict:
+    """The constexprs and warps the kernel wrappers launch with for (lmax, mmax, channels)
+    (shapes are all they read)."""
+    lmax, mmax, channels = layout
+    if gate:
+        return edge_kernels._gate_layout(channels, [torch.empty(1, 1)] * mmax, lmax)
+    rotations = torch.empty(1, sum((2 * l + 1) ** 2 for l in range(lmax + 1)))
+    return dict(edge_kernels._layout(torch.empty(1, (lmax + 1) ** 2, channels), rotations, mmax),
+                NR=max(radial_rows(lmax, mmax)) + 1)
+
+
+def compile_uma_kernel(name: str, layout: tuple[int, int, int], dtype: str, gate: bool):
+    """UMA's kernel ``name`` compiled for sm_90 as its wrapper launches it for ``layout``."""
+    kernel = getattr(edge_kernels, name)
+    constants = launch_layout(layout, gate)
+    warps = constants.pop("num_warps")
+    constants = {k: v for k, v in constants.items() if k in kernel.arg_names}
+    return compile_for_sm90(kernel, {"E", "C"}, constants, dtype, num_warps=warps)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp64"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 @pytest.mark.parametrize("name", EDGE_KERNELS)
 def test_uma_edge_kernels_compile_for_sm90(name, layout, dtype):
-    kernel = getattr(edge_kernels, name)
-    constants = edge_constants(*layout)
-    if "pairs" in name:  # radial rows: lmax + 1 for m = 0, then one per degree of each m > 0
-        lmax, mmax, _ = layout
-        constants["NR"] = lmax + 1 + sum(lmax - m + 1 for m in range(1, mmax + 1))
-    constants = {k: v for k, v in constants.items() if k in kernel.arg_names}
-    compiled = compile_for_sm90(kernel, {"E", "C"}, constants, dtype,
-                                num_warps=edge_kernels.WARPS)
-    assert compiled.asm["cubin"]
+    assert compile_uma_kernel(name, layout, dtype, gate=False).asm["cubin"]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp64"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 @pytest.mark.parametrize("name", GATE_KERNELS)
 def test_uma_gate_kernels_compile_for_sm90(name, layout, dtype):
-    lmax, mmax, channels = layout
-    block_c = triton.next_power_of_2(channels)
-    constants = dict(LMAX=lmax, MMAX=mmax, BLOCK_E=max(1, edge_kernels.GATE_TILE // block_c),
-                     BLOCK_C=block_c)
-    compiled = compile_for_sm90(getattr(edge_kernels, name), {"E", "C"}, constants, dtype,
-                                num_warps=edge_kernels.GATE_WARPS)
-    assert compiled.asm["cubin"]
+    assert compile_uma_kernel(name, layout, dtype, gate=True).asm["cubin"]
 
 
 @pytest.mark.parametrize("has_bias", [False, True])
 @pytest.mark.parametrize("config", range(len(tf32x3_kernel.CONFIGS)))
 def test_three_tf32_product_compiles_for_sm90_with_each_tile(config, has_bias):
     kernel = tf32x3_kernel._matmul_kernel.fn
-    ints = {name for name in kernel.arg_names if name in "MNK" or name.startswith("stride")}
+    ints = {name for name in kernel.arg_names if name in ("M", "N", "K") or name.startswith("stride")}
     tile = tf32x3_kernel.CONFIGS[config]
     compiled = compile_for_sm90(kernel, ints, dict(tile.kwargs, HAS_BIAS=has_bias), "fp32",
                                 num_warps=tile.num_warps, num_stages=tile.num_stages)
