@@ -102,9 +102,9 @@ def main() -> None:
     message_blocks = [b.contiguous() for b in messages.split(sizes, dim=1)]
     grad_blocks = [b.contiguous() for b in grad_pairs.split(sizes, dim=1)]
     kernels = {
-        "pairs": lambda: edge_kernels.pairs(x, wigner, radial, neighbour, centre, mmax),
+        "pairs": lambda: edge_kernels.pairs(x, wigner, radial, neighbour, centre, mmax, False),
         "pairs backward": lambda: edge_kernels.pairs_backward(
-            grad_blocks, x, wigner, radial, neighbour, centre, mmax
+            grad_blocks, x, wigner, radial, neighbour, centre, mmax, False
         ),
         "nodes": lambda: edge_kernels.to_nodes(x, message_blocks, wigner, envelope, centre, mmax),
         "nodes backward": lambda: edge_kernels.to_nodes_backward(

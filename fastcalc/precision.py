@@ -38,8 +38,8 @@ from torch import nn
 from .plain_torch import is_plain
 
 __all__ = [
-    "PRECISIONS", "FrozenLinear", "Linear", "check_precision", "global_tf32", "linear", "matmul",
-    "matmul_precision",
+    "PRECISIONS", "FrozenLinear", "Linear", "batched_products", "check_precision", "global_tf32",
+    "linear", "matmul", "matmul_precision", "network_precision",
 ]
 
 #: ``precision`` values of fastcalc's calculators.
@@ -209,7 +209,7 @@ _register_linear(_tf32_linear)
 _register_linear(_tf32x3_linear)
 
 
-def _network(x: torch.Tensor) -> str:
+def network_precision(x: torch.Tensor) -> str:
     """The network's precision for products of ``x``: ``"float32"`` off CUDA or float32,
     and within :func:`fastcalc.plain_torch.plain_torch` (its products are custom
     operators)."""
@@ -221,7 +221,7 @@ def _network(x: torch.Tensor) -> str:
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for a network layer: TF32 under ``matmul_precision("tf32")`` on CUDA;
     ``a`` and ``b`` have the same leading (batch) dimensions."""
-    return _tf32_matmul(a, b) if _network(a) == "tf32" else torch.matmul(a, b)
+    return _tf32_matmul(a, b) if network_precision(a) == "tf32" else torch.matmul(a, b)
 
 
 class _TransposedForward(torch.autograd.Function):
@@ -258,7 +258,7 @@ def linear(
     products under ``matmul_precision("3xtf32")``, on CUDA. In float32, given ``weight_t``
     (``weight.t()``, contiguous) it multiplies by that forward and by ``weight`` backward,
     differentiable in ``x`` only (:class:`FrozenLinear`'s fixed weights)."""
-    precision = _network(x)
+    precision = network_precision(x)
     if precision == "float32" and weight_t is None:
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
@@ -268,6 +268,16 @@ def linear(
         product = _tf32_linear if precision == "tf32" else _tf32x3_linear
         out = product(flat, weight.t(), bias)
     return out.view(*x.shape[:-1], -1)
+
+
+def batched_products(
+    x: torch.Tensor, weight: torch.Tensor, weight_t: torch.Tensor
+) -> torch.Tensor:
+    """``x`` (B, R, K) times ``weight_t`` (B, K, N), batch by batch, in torch's current
+    precision (IEEE float32 under :func:`matmul_precision`); the backward pass multiplies
+    by ``weight`` (B, N, K), ``weight_t``'s transpose stored row-major (see
+    :class:`FrozenLinear`). Differentiable in ``x`` only."""
+    return _TransposedForward.apply(x, weight, weight_t, None)
 
 
 class Linear(nn.Linear):

@@ -119,12 +119,14 @@ class EdgeFrames:
         neighbour: torch.Tensor,
         centre: torch.Tensor,
         radial: torch.Tensor,
+        three: bool,
     ) -> list[torch.Tensor]:
         """Edge-frame pairs ``[x_neighbour, x_centre]`` of node features ``x`` by order
         (m up to ``mmax``; :func:`fastcalc.uma.edge_ops.order_sizes`), each (E, rows, 2C),
         each component times its row of ``radial`` (E, rows * 2C; see
-        :func:`fastcalc.uma.edge_ops.radial_rows`)."""
-        return self._pairs(x, self.rotation, radial, neighbour, centre, self.mmax)
+        :func:`fastcalc.uma.edge_ops.radial_rows`); with ``three``, orders m > 0 in three
+        parts (:func:`fastcalc.uma.edge_ops.three_parts`)."""
+        return self._pairs(x, self.rotation, radial, neighbour, centre, self.mmax, three)
 
     def add_to_nodes(
         self, x: torch.Tensor, centre: torch.Tensor, messages: list[torch.Tensor]
@@ -171,7 +173,8 @@ class _Block(nn.Module):
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        gated = self.gate(self.conv_1(frames.messages(x, neighbour, centre, radial)))
+        three = self.conv_1.three_products(x)
+        gated = self.gate(self.conv_1(frames.messages(x, neighbour, centre, radial, three)))
         messages = [block.unflatten(1, (-1, self.channels)) for block in self.conv_2(gated)]
         x = frames.add_to_nodes(residual, centre, messages)
         return x + self.feed_forward(self.norm_2(x))

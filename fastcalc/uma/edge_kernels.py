@@ -13,7 +13,9 @@ made in registers and those over the two sides by the caller. Edge-frame feature
 as one tensor per order m (:func:`fastcalc.uma.edge_ops.order_sizes`; a kernel takes one
 pointer per order) and radial rows follow :func:`fastcalc.uma.edge_ops.radial_rows`, all
 unrolled at compile time: the +m row of degree l reads block row ``a = l + m`` of its
-degree, the -m row ``a = l - m``.
+degree, the -m row ``a = l - m``. With ``THREE`` (compile time too), the edge pairs write
+each order m > 0 in three parts (:func:`fastcalc.uma.edge_ops.three_parts`) and the gate
+reads the three products of those (:mod:`fastcalc.uma.edge_gate`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .edge_ops import order_sizes
+from .edge_gate import gated_shapes, input_shapes
+from .edge_ops import pairs_shapes
 
 #: Elements of the (edges, KB, channels) tile each program holds, and its warps: one edge
 #: per program and one warp was fastest for all four kernels on an H200 (78,000 edges,
@@ -71,6 +74,19 @@ def _row(p0, p1, p2, e, m: tl.constexpr, j: tl.constexpr, LMAX: tl.constexpr, W)
 
 
 @triton.jit
+def _part_row(p1, p2, e, E, m: tl.constexpr, part: tl.constexpr, r: tl.constexpr,
+              LMAX: tl.constexpr, W):
+    """Pointers (edges, 1) to row ``r`` of part ``part`` of the edges' order-``m`` block in
+    three parts (:func:`fastcalc.uma.edge_ops.three_parts`, each (3, E, rows, W)), given
+    the blocks of orders 1 and 2."""
+    if m == 1:
+        row = p1 + (part * E + e[:, None]) * (LMAX * W) + r * W
+    else:
+        row = p2 + (part * E + e[:, None]) * ((LMAX - 1) * W) + r * W
+    return row
+
+
+@triton.jit
 def _signed_row(m: tl.constexpr, l: tl.constexpr, sign: tl.constexpr, LMAX: tl.constexpr):
     """Row of component (l, +m) (``sign`` 0) or (l, -m) (``sign`` 1) in order m's block."""
     return l - m + sign * (LMAX - m + 1)
@@ -103,6 +119,7 @@ def _pairs_kernel(
     E, C,
     LMAX: tl.constexpr, MMAX: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
     NR: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    THREE: tl.constexpr,
 ):
     side = tl.program_id(1)
     e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
@@ -120,20 +137,30 @@ def _pairs_kernel(
             if m <= l:  # +m and -m rows share a radial row
                 scale = tl.load(radial + (LMAX + 1 + _order_start(m, LMAX) + l - m) * 2 * C,
                                 mask=mask, other=0.0)
+                total = tl.zeros((BLOCK_E, BLOCK_C), dtype=scale.dtype)
                 for sign in tl.static_range(2):
                     r = _rotation_row(w_ptr, e, e_ok, kb, l, l + m - 2 * m * sign, S)
-                    row = _row(out0, out1, out2, e, m, _signed_row(m, l, sign, LMAX), LMAX, 2 * C)
-                    tl.store(row + column, tl.sum(r[:, :, None] * x, axis=1) * scale, mask=mask)
+                    value = tl.sum(r[:, :, None] * x, axis=1) * scale
+                    if THREE:
+                        row = _part_row(out1, out2, e, E, m, sign, l - m, LMAX, 2 * C)
+                        total += value
+                    else:
+                        row = _row(out0, out1, out2, e, m, _signed_row(m, l, sign, LMAX), LMAX,
+                                   2 * C)
+                    tl.store(row + column, value, mask=mask)
+                if THREE:
+                    tl.store(_part_row(out1, out2, e, E, m, 2, l - m, LMAX, 2 * C) + column,
+                             total, mask=mask)
 
 
 @triton.jit
-def _row_backward(g_row, w_ptr, grad_w, x, scale, e, e_ok, kb, mask,
+def _row_backward(g, w_ptr, grad_w, x, scale, e, e_ok, kb, mask,
                   l: tl.constexpr, a: tl.constexpr, S: tl.constexpr):
-    """Edge-frame row ``g_row`` of the gradient (block row ``a`` of degree ``l``): its share
-    of the radial row's gradient (edges, channels) and of the degree's feature gradient
-    (edges, KB, channels); stores its block row of this side's rotation gradient."""
+    """Edge-frame row ``g`` (edges, channels) of the gradient (block row ``a`` of degree
+    ``l``): its share of the radial row's gradient (edges, channels) and of the degree's
+    feature gradient (edges, KB, channels); stores its block row of this side's rotation
+    gradient."""
     r = _rotation_row(w_ptr, e, e_ok, kb, l, a, S)
-    g = tl.load(g_row, mask=mask, other=0.0)
     scaled = g * scale
     tl.store(grad_w + _block_row(l, a) + kb[None, :], tl.sum(scaled[:, None, :] * x, axis=2),
              mask=e_ok[:, None] & (kb < 2 * l + 1)[None, :])
@@ -147,6 +174,7 @@ def _pairs_backward_kernel(
     E, C,
     LMAX: tl.constexpr, MMAX: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
     NR: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    THREE: tl.constexpr,
 ):
     side = tl.program_id(1)
     e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
@@ -159,18 +187,29 @@ def _pairs_backward_kernel(
     for l in tl.static_range(LMAX + 1):
         x, x_offsets, x_mask = _features(x_ptr, src, e_ok, kb, c, C, l, K)
         scale = tl.load(radial_ptr + radial + l * 2 * C, mask=mask, other=0.0)
-        grad_scale, grad_x = _row_backward(_row(g0, g1, g2, e, 0, l, LMAX, 2 * C) + column,
-                                           w_ptr, grad_w, x, scale, e, e_ok, kb, mask, l, l, S)
+        g = tl.load(_row(g0, g1, g2, e, 0, l, LMAX, 2 * C) + column, mask=mask, other=0.0)
+        grad_scale, grad_x = _row_backward(g, w_ptr, grad_w, x, scale, e, e_ok, kb, mask, l,
+                                           l, S)
         tl.store(grad_radial_ptr + radial + l * 2 * C, grad_scale, mask=mask)
         for m in tl.static_range(1, MMAX + 1):
             if m <= l:
                 radial_row = LMAX + 1 + _order_start(m, LMAX) + l - m
                 scale = tl.load(radial_ptr + radial + radial_row * 2 * C, mask=mask, other=0.0)
                 grad_scale = tl.zeros((BLOCK_E, BLOCK_C), dtype=scale.dtype)
+                if THREE:  # the sum's gradient goes to both rows
+                    g_sum = tl.load(_part_row(g1, g2, e, E, m, 2, l - m, LMAX, 2 * C) + column,
+                                    mask=mask, other=0.0)
                 for sign in tl.static_range(2):
-                    g_row = _row(g0, g1, g2, e, m, _signed_row(m, l, sign, LMAX), LMAX, 2 * C)
-                    share, update = _row_backward(g_row + column, w_ptr, grad_w, x, scale, e,
-                                                  e_ok, kb, mask, l, l + m - 2 * m * sign, S)
+                    if THREE:
+                        g = g_sum + tl.load(
+                            _part_row(g1, g2, e, E, m, sign, l - m, LMAX, 2 * C) + column,
+                            mask=mask, other=0.0)
+                    else:
+                        g = tl.load(
+                            _row(g0, g1, g2, e, m, _signed_row(m, l, sign, LMAX), LMAX, 2 * C)
+                            + column, mask=mask, other=0.0)
+                    share, update = _row_backward(g, w_ptr, grad_w, x, scale, e, e_ok, kb,
+                                                  mask, l, l + m - 2 * m * sign, S)
                     grad_scale += share
                     grad_x += update
                 tl.store(grad_radial_ptr + radial + radial_row * 2 * C, grad_scale, mask=mask)
@@ -262,9 +301,32 @@ def _sigmoid(x):
 
 
 @triton.jit
+def _gate_input(first_ptr, in1, in2, e, E, c, mask, m: tl.constexpr, l: tl.constexpr,
+                sign: tl.constexpr, LMAX: tl.constexpr, C, THREE: tl.constexpr):
+    """Row (l, +m) (``sign`` 0) or (l, -m) (``sign`` 1) of the first convolution's output,
+    from its three products' parts ``(t0, t1, t2)`` when ``THREE`` (``t0 - t1``, or
+    ``t2 - t0 - t1``)."""
+    if THREE:
+        t0 = tl.load(_part_row(in1, in2, e, E, m, 0, l - m, LMAX, C) + c[None, :], mask=mask,
+                     other=0.0)
+        t1 = tl.load(_part_row(in1, in2, e, E, m, 1, l - m, LMAX, C) + c[None, :], mask=mask,
+                     other=0.0)
+        if sign == 0:
+            x = t0 - t1
+        else:
+            x = tl.load(_part_row(in1, in2, e, E, m, 2, l - m, LMAX, C) + c[None, :],
+                        mask=mask, other=0.0) - t0 - t1
+    else:
+        x = tl.load(_row(first_ptr, in1, in2, e, m, _signed_row(m, l, sign, LMAX), LMAX, C)
+                    + c[None, :], mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
 def _gate_kernel(
     first_ptr, in1, in2, out0, out1, out2, E, C,
     LMAX: tl.constexpr, MMAX: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    THREE: tl.constexpr,
 ):
     e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
     first = first_ptr + e[:, None] * ((2 * LMAX + 1) * C) + c[None, :]
@@ -278,17 +340,17 @@ def _gate_kernel(
         for m in tl.static_range(1, MMAX + 1):
             if m <= l:
                 for sign in tl.static_range(2):
-                    j = _signed_row(m, l, sign, LMAX)
-                    x = tl.load(_row(first_ptr, in1, in2, e, m, j, LMAX, C) + c[None, :],
-                                mask=mask, other=0.0)
-                    tl.store(_row(out0, out1, out2, e, m, j, LMAX, C) + c[None, :], x * gate,
-                             mask=mask)
+                    x = _gate_input(first_ptr, in1, in2, e, E, c, mask, m, l, sign, LMAX, C,
+                                    THREE)
+                    tl.store(_row(out0, out1, out2, e, m, _signed_row(m, l, sign, LMAX), LMAX,
+                                  C) + c[None, :], x * gate, mask=mask)
 
 
 @triton.jit
 def _gate_backward_kernel(
-    g0, g1, g2, first_ptr, in1, in2, grad_first_ptr, grad1, grad2, E, C,
+    g0, g1, g2, first_ptr, z1, z2, grad_first_ptr, grad1, grad2, E, C,
     LMAX: tl.constexpr, MMAX: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+    THREE: tl.constexpr,
 ):
     e, e_ok, c, mask = _tile(E, C, BLOCK_E, BLOCK_C)
     rows = e[:, None] * ((2 * LMAX + 1) * C) + c[None, :]
@@ -301,18 +363,38 @@ def _gate_backward_kernel(
         gate = _sigmoid(tl.load(first + (l - 1) * C, mask=mask, other=0.0))
         grad = tl.load(_row(g0, g1, g2, e, 0, l, LMAX, C) + c[None, :], mask=mask, other=0.0)
         tl.store(grad_first + (LMAX + l) * C, grad * gate, mask=mask)
-        grad_gate = grad * tl.load(first + (LMAX + l) * C, mask=mask, other=0.0)
+        # the gate's gradient: sum of grad * input over m = 0's row, of grad * output over
+        # the others (output = gate * input)
+        grad_input = grad * tl.load(first + (LMAX + l) * C, mask=mask, other=0.0)
+        grad_output = tl.zeros((BLOCK_E, BLOCK_C), dtype=grad.dtype)
         for m in tl.static_range(1, MMAX + 1):
             if m <= l:
-                for sign in tl.static_range(2):
-                    j = _signed_row(m, l, sign, LMAX)
-                    grad = tl.load(_row(g0, g1, g2, e, m, j, LMAX, C) + c[None, :], mask=mask,
-                                   other=0.0)
-                    tl.store(_row(grad_first_ptr, grad1, grad2, e, m, j, LMAX, C) + c[None, :],
-                             grad * gate, mask=mask)
-                    grad_gate += grad * tl.load(_row(first_ptr, in1, in2, e, m, j, LMAX, C)
-                                                + c[None, :], mask=mask, other=0.0)
-        tl.store(grad_first + (l - 1) * C, grad_gate * gate * (1.0 - gate), mask=mask)
+                plus, minus = _signed_row(m, l, 0, LMAX), _signed_row(m, l, 1, LMAX)
+                grad_plus = tl.load(_row(g0, g1, g2, e, m, plus, LMAX, C) + c[None, :],
+                                    mask=mask, other=0.0)
+                grad_minus = tl.load(_row(g0, g1, g2, e, m, minus, LMAX, C) + c[None, :],
+                                     mask=mask, other=0.0)
+                grad_output += grad_plus * tl.load(
+                    _row(first_ptr, z1, z2, e, m, plus, LMAX, C) + c[None, :], mask=mask,
+                    other=0.0)
+                grad_output += grad_minus * tl.load(
+                    _row(first_ptr, z1, z2, e, m, minus, LMAX, C) + c[None, :], mask=mask,
+                    other=0.0)
+                grad_plus, grad_minus = grad_plus * gate, grad_minus * gate
+                if THREE:  # through y+ = t0 - t1 and y- = t2 - t0 - t1
+                    tl.store(_part_row(grad1, grad2, e, E, m, 0, l - m, LMAX, C) + c[None, :],
+                             grad_plus - grad_minus, mask=mask)
+                    tl.store(_part_row(grad1, grad2, e, E, m, 1, l - m, LMAX, C) + c[None, :],
+                             -grad_plus - grad_minus, mask=mask)
+                    tl.store(_part_row(grad1, grad2, e, E, m, 2, l - m, LMAX, C) + c[None, :],
+                             grad_minus, mask=mask)
+                else:
+                    tl.store(_row(grad_first_ptr, grad1, grad2, e, m, plus, LMAX, C)
+                             + c[None, :], grad_plus, mask=mask)
+                    tl.store(_row(grad_first_ptr, grad1, grad2, e, m, minus, LMAX, C)
+                             + c[None, :], grad_minus, mask=mask)
+        tl.store(grad_first + (l - 1) * C,
+                 (grad_input * gate + grad_output) * (1.0 - gate), mask=mask)
 
 
 def _layout(node_like: Tensor, wigner: Tensor, mmax: int) -> dict:
@@ -333,16 +415,15 @@ def _three(blocks: list[Tensor]) -> list[Tensor]:
 
 
 def pairs(x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor,
-          mmax: int) -> list[Tensor]:
+          mmax: int, three: bool) -> list[Tensor]:
     """:func:`fastcalc.uma.edge_ops.edge_pairs`."""
     x, wigner, radial = x.contiguous(), wigner.contiguous(), radial.contiguous()
     edges, channels = wigner.shape[0], x.shape[2]
-    lmax = math.isqrt(x.shape[1]) - 1
-    out = [x.new_empty(edges, rows, 2 * channels) for rows in order_sizes(lmax, mmax)]
+    out = [x.new_empty(shape) for shape in pairs_shapes(x, wigner, mmax, three)]
     if edges == 0:
         return out
     layout = _layout(x, wigner, mmax)
-    layout["NR"] = radial.shape[1] // (2 * channels)
+    layout.update(NR=radial.shape[1] // (2 * channels), THREE=three)
     with torch.cuda.device_of(x):
         _pairs_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
             x, wigner, radial, torch.stack((neighbour, centre)), *_three(out), edges, channels,
@@ -352,7 +433,8 @@ def pairs(x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: 
 
 
 def pairs_backward(grads: list[Tensor], x: Tensor, wigner: Tensor, radial: Tensor,
-                   neighbour: Tensor, centre: Tensor, mmax: int) -> tuple[Tensor, Tensor, Tensor]:
+                   neighbour: Tensor, centre: Tensor, mmax: int,
+                   three: bool) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`fastcalc.uma.edge_ops.edge_pairs_backward`."""
     grads, x = [g.contiguous() for g in grads], x.contiguous()
     wigner, radial = wigner.contiguous(), radial.contiguous()
@@ -364,7 +446,7 @@ def pairs_backward(grads: list[Tensor], x: Tensor, wigner: Tensor, radial: Tenso
     if edges == 0:
         return grad_x, grad_wigner.sum(dim=0), grad_radial
     layout = _layout(x, wigner, mmax)
-    layout["NR"] = radial.shape[1] // (2 * channels)
+    layout.update(NR=radial.shape[1] // (2 * channels), THREE=three)
     with torch.cuda.device_of(x):
         _pairs_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
             *_three(grads), x, wigner, radial, torch.stack((neighbour, centre)),
@@ -415,14 +497,16 @@ def _gate_layout(channels: int, others: list[Tensor], lmax: int) -> dict:
     channels edges a program)."""
     block_c = triton.next_power_of_2(channels)
     return dict(LMAX=lmax, MMAX=len(others), BLOCK_E=max(1, GATE_TILE // block_c),
-                BLOCK_C=block_c, num_warps=GATE_WARPS)
+                BLOCK_C=block_c, num_warps=GATE_WARPS,
+                THREE=bool(others) and others[0].dim() == 3)
 
 
 def gate(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
     """:func:`fastcalc.uma.edge_gate.edge_gate`."""
     first, others = first.contiguous(), [block.contiguous() for block in others]
     edges, channels = first.shape[0], first.shape[1] // (2 * lmax + 1)
-    out = [first.new_empty(edges, (lmax + 1) * channels), *map(torch.empty_like, others)]
+    out = [first.new_empty(edges, (lmax + 1) * channels),
+           *(first.new_empty(shape) for shape in gated_shapes(others))]
     if edges > 0:
         layout = _gate_layout(channels, others, lmax)
         with torch.cuda.device_of(first):
@@ -432,18 +516,20 @@ def gate(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
     return out
 
 
-def gate_backward(grads: list[Tensor], first: Tensor, others: list[Tensor],
-                  lmax: int) -> list[Tensor]:
+def gate_backward(grads: list[Tensor], first: Tensor, gated: list[Tensor], lmax: int,
+                  three: bool) -> list[Tensor]:
     """Gradients of :func:`fastcalc.uma.edge_gate.edge_gate` (its backward operator)."""
     grads, first = [g.contiguous() for g in grads], first.contiguous()
-    others = [block.contiguous() for block in others]
+    gated = [block.contiguous() for block in gated]
     edges, channels = first.shape[0], first.shape[1] // (2 * lmax + 1)
-    grad_first, grad_others = torch.empty_like(first), list(map(torch.empty_like, others))
+    grad_first = torch.empty_like(first)
+    grad_others = [first.new_empty(shape) for shape in input_shapes(gated, three)]
     if edges > 0:
-        layout = _gate_layout(channels, others, lmax)
+        layout = _gate_layout(channels, gated, lmax)
+        layout["THREE"] = three
         with torch.cuda.device_of(first):
             _gate_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
-                *_three(grads), first, *_three([first, *others])[1:], grad_first,
+                *_three(grads), first, *_three([first, *gated])[1:], grad_first,
                 *_three([grad_first, *grad_others])[1:], edges, channels, **layout
             )
     return [grad_first, *grad_others]

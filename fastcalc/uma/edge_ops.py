@@ -10,7 +10,9 @@ their backward pass.
 
 Edge-frame features travel as one tensor per order m (:func:`order_sizes`): the
 ``m = 0`` rows (E, lmax+1, C), then for each m > 0 the +m and -m rows (E, 2(lmax-m+1),
-C), as the SO(2) convolutions take and give them. Each block is the input or output
+C), as the SO(2) convolutions take and give them. With ``three``, :func:`edge_pairs` gives
+each m > 0 block in three parts instead (:func:`three_parts`): the input of Gauss's three
+products of a complex pair (:class:`fastcalc.uma.layers.MixedLinear`). Each block is the input or output
 of its own matrix product, so no operator here or in the backward pass concatenates
 the blocks into one (E, M, C) tensor or splits one: on the H200 at 1008 atoms such
 copies of every layer took more GPU time than the operators themselves.
@@ -43,11 +45,13 @@ Grads = tuple[Tensor, Tensor, Tensor]
 
 __all__ = [
     "compact_rotations",
+    "three_parts",
     "dense_rotations",
     "edge_pairs",
     "edge_to_nodes",
     "fill_gradients",
     "order_sizes",
+    "pairs_shapes",
     "radial_rows",
     "rotation_index",
 ]
@@ -129,6 +133,18 @@ def _blocks(edge: Tensor, lmax: int, mmax: int) -> list[Tensor]:
     ]
 
 
+def three_parts(block: Tensor) -> Tensor:
+    """An m > 0 block (E, 2R, ...) of +m rows then -m rows as three parts (3, E, R, ...):
+    the +m rows, the -m rows, and their sum."""
+    plus, minus = block.chunk(2, dim=1)
+    return torch.stack((plus, minus, plus + minus))
+
+
+def _two_parts_gradient(grad: Tensor) -> Tensor:
+    """The gradient in an m > 0 block (E, 2R, ...) of one in its :func:`three_parts`."""
+    return torch.cat((grad[0] + grad[2], grad[1] + grad[2]), dim=1)
+
+
 def fill_gradients(
     grads: list[Tensor | None], shapes: list[torch.Size], like: Tensor
 ) -> list[Tensor]:
@@ -158,13 +174,18 @@ def torch_edge_pairs(
     neighbour: torch.Tensor,
     centre: torch.Tensor,
     mmax: int,
+    three: bool,
 ) -> list[torch.Tensor]:
     """Scaled edge-frame pairs by order (:func:`order_sizes`), each (E, rows, 2C):
     ``[R_e x[neighbour_e], R_e x[centre_e]]``, each component times its row
     (:func:`radial_rows`) of ``radial`` (E, rows * 2C), for node features ``x`` (N, K, C)
-    and compact rotations ``wigner`` (E, S). In torch's operators, which autograd
+    and compact rotations ``wigner`` (E, S); with ``three``, each m > 0 block in its
+    :func:`three_parts` (3, E, rows / 2, 2C). In torch's operators, which autograd
     differentiates; :func:`edge_pairs` is the operator."""
-    return _blocks(_dense_pairs(x, wigner, radial, neighbour, centre, mmax), _degrees(x), mmax)
+    first, *others = _blocks(
+        _dense_pairs(x, wigner, radial, neighbour, centre, mmax), _degrees(x), mmax
+    )
+    return [first, *(map(three_parts, others) if three else others)]
 
 
 edge_pairs = torch.library.custom_op("fastcalc::edge_pairs", torch_edge_pairs, mutates_args=())
@@ -179,12 +200,20 @@ def _scales(radial: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tenso
     return radial.view(radial.shape[0], -1, width).index_select(1, rows)
 
 
+def pairs_shapes(x: Tensor, wigner: Tensor, mmax: int, three: bool) -> list[tuple[int, ...]]:
+    """Shapes of :func:`edge_pairs`' blocks."""
+    edges, width = wigner.shape[0], 2 * x.shape[2]
+    first, *others = order_sizes(_degrees(x), mmax)
+    return [(edges, first, width),
+            *((3, edges, rows // 2, width) if three else (edges, rows, width) for rows in others)]
+
+
 @edge_pairs.register_fake
 def _(
-    x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, mmax: int
+    x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: Tensor, mmax: int,
+    three: bool,
 ) -> list[Tensor]:
-    sizes = order_sizes(_degrees(x), mmax)
-    return [x.new_empty(wigner.shape[0], rows, 2 * x.shape[2]) for rows in sizes]
+    return [x.new_empty(shape) for shape in pairs_shapes(x, wigner, mmax, three)]
 
 
 def _torch_pairs_backward(
@@ -195,9 +224,12 @@ def _torch_pairs_backward(
     neighbour: torch.Tensor,
     centre: torch.Tensor,
     mmax: int,
+    three: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`edge_pairs` in ``x``, ``wigner`` and ``radial``, from those
-    in its blocks, ``grads``."""
+    in its blocks, ``grads`` (with ``three``, those of m > 0 in three parts)."""
+    if three:
+        grads = [grads[0], *map(_two_parts_gradient, grads[1:])]
     grad = torch.cat(grads, dim=1)
     channels = x.shape[2]
     rotation = dense_rotations(wigner, _degrees(x), mmax)
@@ -228,7 +260,7 @@ def _(grads: list[Tensor], x: Tensor, wigner: Tensor, radial: Tensor,
 
 
 def _pairs_setup(ctx: Context, inputs: tuple, output: list[Tensor]) -> None:
-    *tensors, ctx.mmax = inputs
+    *tensors, ctx.mmax, ctx.three = inputs
     ctx.save_for_backward(*tensors)
     ctx.shapes = [block.shape for block in output]
 
@@ -236,8 +268,8 @@ def _pairs_setup(ctx: Context, inputs: tuple, output: list[Tensor]) -> None:
 def _pairs_backward(ctx: Context, grads: list[Tensor | None]) -> tuple:
     x = ctx.saved_tensors[0]
     grads = fill_gradients(grads, ctx.shapes, x)
-    grads = edge_pairs_backward(grads, *ctx.saved_tensors, ctx.mmax)
-    return (*grads, None, None, None)
+    grads = edge_pairs_backward(grads, *ctx.saved_tensors, ctx.mmax, ctx.three)
+    return (*grads, None, None, None, None)
 
 
 edge_pairs.register_autograd(_pairs_backward, setup_context=_pairs_setup)
@@ -327,19 +359,19 @@ edge_to_nodes.register_autograd(_nodes_backward, setup_context=_nodes_setup)
 # The kernels take at most three blocks (m <= 2, as in every UMA checkpoint); larger
 # mmax runs the torch code above, on the GPU.
 @edge_pairs.register_kernel("cuda")
-def _(*args: Tensor | int) -> list[Tensor]:
+def _(*args: Tensor | int | bool) -> list[Tensor]:
     from . import edge_kernels
 
-    if args[-1] > edge_kernels.MAX_ORDER:
+    if args[-2] > edge_kernels.MAX_ORDER:
         return torch_edge_pairs(*args)
     return edge_kernels.pairs(*args)
 
 
 @edge_pairs_backward.register_kernel("cuda")
-def _(*args: Tensor | int) -> Grads:
+def _(*args: Tensor | int | bool) -> Grads:
     from . import edge_kernels
 
-    if args[-1] > edge_kernels.MAX_ORDER:
+    if args[-2] > edge_kernels.MAX_ORDER:
         return _torch_pairs_backward(*args)
     return edge_kernels.pairs_backward(*args)
 

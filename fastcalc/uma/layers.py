@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..plain_torch import is_plain
-from ..precision import FrozenLinear, matmul
+from ..precision import FrozenLinear, batched_products, matmul, network_precision
 from .edge_gate import edge_gate, torch_edge_gate
 from .so3 import coefficient_degrees
 
@@ -112,7 +113,12 @@ class MixedLinear(FrozenLinear):
 
     ``experts`` has shape ``(K, out, in)`` (``K = 1`` for a plain linear).  With
     ``complex_pair`` the merged ``[W1; W2]`` is stored as the real block matrix
-    ``[[W1, -W2], [W2, W1]]`` acting on ``[x_real, x_imag]`` (SO(2) order m > 0).
+    ``[[W1, -W2], [W2, W1]]`` acting on ``[x_real, x_imag]`` (SO(2) order m > 0), and
+    as ``parts`` ``[W1, W2, W1 + W2]`` (3, out / 2, in) for Gauss's three products: given
+    ``[x_real, x_imag, x_real + x_imag]`` (3, E, in) (:func:`fastcalc.uma.edge_ops.three_parts`),
+    it returns their products ``(t0, t1, t2)`` with those, and ``x_real W1^T - x_imag W2^T
+    = t0 - t1``, ``x_real W2^T + x_imag W1^T = t2 - t0 - t1``: three quarters of the block
+    product's arithmetic (``benchmarks/complex_products.py``).
 
     The experts are a plain attribute, not a buffer: moving the module to a GPU moves
     only the merged weight, and a merge copies the experts from host memory (not pinned:
@@ -130,6 +136,9 @@ class MixedLinear(FrozenLinear):
         shape = (out_features, 2 * in_features) if complex_pair else (out_features, in_features)
         super().__init__(experts.new_zeros(shape), bias)
         self.complex_pair = complex_pair
+        if complex_pair:
+            self.register_buffer("parts", experts.new_zeros(3, out_features // 2, in_features))
+            self.register_buffer("parts_t", experts.new_zeros(3, in_features, out_features // 2))
         self.experts = experts.detach().cpu()  # read only, never mutated: no copy
         if experts.shape[0] == 1:
             self.merge(experts.new_ones(1))
@@ -157,6 +166,31 @@ class MixedLinear(FrozenLinear):
             w1, w2 = merged.chunk(2)
             merged = torch.cat((torch.cat((w1, -w2), dim=1), torch.cat((w2, w1), dim=1)))
         self.assign(merged)
+        self._set_parts()
+
+    @torch.no_grad()
+    def _set_parts(self) -> None:
+        """``parts`` and their transposed copy, of the block weight ``[[W1, -W2], [W2,
+        W1]]``, in its dtype: ``W1 + W2`` rounded there, so that the three products keep
+        the complex product's structure (in float64 to float64's round-off)."""
+        if self.complex_pair:
+            w1, w2 = self.weight[:, : self.weight.shape[1] // 2].chunk(2)
+            self.parts.copy_(torch.stack((w1, w2, w1 + w2)))
+            self.parts_t.copy_(self.parts.mT)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MixedLinear:
+        """``nn.Module._apply`` (``to``, ``cuda``, ``double``...), then ``parts`` made again
+        in the weight's new dtype (a cast of ``W1 + W2`` would keep the old rounding)."""
+        super()._apply(fn, recurse)
+        self._set_parts()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (..., in) times the weight, plus the bias; for a complex pair given three
+        parts (3, E, in / 2), their three products (3, E, out / 2)."""
+        if x.dim() == 3:
+            return batched_products(x, self.parts, self.parts_t)
+        return super().forward(x)
 
 
 def mixed_linear(weights: Weights, prefix: str, complex_pair: bool = False) -> MixedLinear:
@@ -191,11 +225,26 @@ class SO2Convolution(nn.Module):
         """Its linear maps (m = 0, then each m > 0): the ones whose experts get merged."""
         return [self.m0, *self.orders]
 
+    def three_products(self, x: torch.Tensor) -> bool:
+        """Whether its orders m > 0 take three parts for products with features like ``x``:
+        in IEEE float32 (and float64), where Gauss's three products are faster than the
+        block product; TF32's block product is faster than its three (H100,
+        ``benchmarks/HISTORY.md``)."""
+        return (
+            bool(self.orders)
+            and network_precision(x) == "float32"
+            and all(layer.bias is None for layer in self.orders)
+        )
+
     def forward(self, blocks: list[torch.Tensor]) -> list[torch.Tensor]:
         """Blocks (E, rows, C_in) or (E, rows * C_in) by order -> blocks (E, width) by
         order: each order's rows of C_out channels, flattened (m = 0: after its gate
-        channels, if any)."""
-        return [layer(block.flatten(1)) for block, layer in zip(blocks, self.mixed_layers())]
+        channels, if any). An order m > 0 given in three parts (3, E, rows / 2, C_in) gives
+        its three products (3, E, rows / 2 * C_out)."""
+        return [
+            layer(block.flatten(-2) if block.dim() > 2 else block)
+            for block, layer in zip(blocks, self.mixed_layers())
+        ]
 
 
 class EdgeGate(nn.Module):

@@ -62,7 +62,7 @@ def blocks_of(o: dict, edge: torch.Tensor) -> list[torch.Tensor]:
 
 def pairs_of(o: dict, x, rotation, radial):
     """:func:`edge_pairs`' blocks joined into one (E, M, 2C) tensor."""
-    blocks = edge_pairs(x, rotation, radial, o["neighbour"], o["centre"], o["mmax"])
+    blocks = edge_pairs(x, rotation, radial, o["neighbour"], o["centre"], o["mmax"], False)
     return torch.cat(blocks, dim=1)
 
 
@@ -84,7 +84,7 @@ def test_order_blocks_partition_the_edge_frame_order():
 
 def test_edge_pairs_gives_each_order_its_own_contiguous_block():
     o = operands(2, 2, 3)
-    blocks = edge_pairs(o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], 2)
+    blocks = edge_pairs(o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], 2, False)
     assert [b.shape for b in blocks] == [(13, 3, 6), (13, 4, 6), (13, 2, 6)]
     assert all(b.is_contiguous() for b in blocks)
 
@@ -108,7 +108,30 @@ def test_gradients_of_one_block_alone_match_finite_differences():
     o = operands(2, 2, 3)
     inputs = [o[name].requires_grad_() for name in ("x", "rotation", "radial")]
     assert torch.autograd.gradcheck(
-        lambda *args: edge_pairs(*args, o["neighbour"], o["centre"], o["mmax"])[1], inputs
+        lambda *args: edge_pairs(*args, o["neighbour"], o["centre"], o["mmax"], False)[1], inputs
+    )
+
+
+def test_three_parts_hold_the_plus_rows_the_minus_rows_and_their_sum():
+    """With ``three``, order m > 0's block (E, 2R, 2C) comes as (3, E, R, 2C): its +m rows,
+    its -m rows, and their sum; m = 0 comes as without."""
+    o = operands(3, 2, 3)
+    args = (o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], 2)
+    blocks, parts = edge_pairs(*args, False), edge_pairs(*args, True)
+    torch.testing.assert_close(parts[0], blocks[0], rtol=0, atol=0)
+    for block, part in zip(blocks[1:], parts[1:]):
+        plus, minus = block.chunk(2, dim=1)
+        torch.testing.assert_close(part, torch.stack((plus, minus, plus + minus)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_edge_pairs_in_three_parts_gradients_match_finite_differences(layout):
+    o = operands(*layout)
+    inputs = [o[name].requires_grad_() for name in ("x", "rotation", "radial")]
+    assert torch.autograd.gradcheck(
+        lambda *args: torch.cat([block.flatten() for block in edge_pairs(
+            *args, o["neighbour"], o["centre"], o["mmax"], True)]),
+        inputs,
     )
 
 
@@ -145,11 +168,12 @@ def test_edge_to_nodes_adds_the_back_rotated_messages_to_the_centre_atoms():
 
 
 # ------------------------------------------------------------------ CUDA
+@pytest.mark.parametrize("three", [False, True], ids=["blocks", "three parts"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("layout", [(2, 2, 128), (3, 1, 4), (2, 0, 128)])
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_triton_kernels_match_the_torch_code(layout, dtype):
+def test_triton_kernels_match_the_torch_code(layout, dtype, three):
     """Forward and backward of both operators on CUDA (Triton) equal the same operators
     on the CPU (torch), in float64 to round-off and in float32 to its round-off."""
     on_gpu = operands(*layout, device="cuda", dtype=dtype)
@@ -157,19 +181,18 @@ def test_triton_kernels_match_the_torch_code(layout, dtype):
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
 
     def outputs(o):
-        pairs = pairs_of(o, o["x"], o["rotation"], o["radial"])
-        grad_pairs = blocks_of(o, torch.ones_like(pairs).cumsum(2).sin())
+        pairs_args = (o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], o["mmax"])
+        pairs = edge_pairs(*pairs_args, three)
+        grad_pairs = [torch.ones_like(block).cumsum(-1).sin() for block in pairs]
         nodes = nodes_of(o, o["x"], o["messages"], o["rotation"], o["envelope"])
-        backward = edge_pairs_backward(
-            grad_pairs, o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], o["mmax"]
-        )
+        backward = edge_pairs_backward(grad_pairs, *pairs_args, three)
         nodes_backward = edge_to_nodes_backward(
             nodes.cos(), blocks_of(o, o["messages"]), o["rotation"], o["envelope"], o["centre"],
             o["mmax"]
         )
-        return [pairs, nodes, *backward, *nodes_backward]
+        return [*pairs, nodes, *backward, *nodes_backward]
 
-    for got, expected in zip(outputs(on_gpu), outputs(on_cpu)):
+    for got, expected in zip(outputs(on_gpu), outputs(on_cpu), strict=True):
         torch.testing.assert_close(got.cpu(), expected, **tol)
 
 

@@ -1,6 +1,7 @@
 """UMA's Triton kernels on the CPU, in Triton's interpreter, against the torch code of
 the same operators: forward and backward of the edge pairs, the scattering to the
-atoms and the gate, in float64 and float32. The kernels run in a process of their own
+atoms and the gate, in float64 and float32, with orders m > 0 as blocks and as three
+products' parts. The kernels run in a process of their own
 (:func:`interpreted.interpret`), all in one."""
 
 from __future__ import annotations
@@ -30,16 +31,15 @@ def edge_calls(lmax: int, mmax: int, channels: int, dtype: torch.dtype) -> list[
     """(kernel wrapper, custom operator, arguments) of the rotation operators."""
     o = test_edge_ops.operands(lmax, mmax, channels, dtype=dtype)
     blocks = test_edge_ops.blocks_of
-    pairs = torch.cat(edge_pairs(o["x"], o["rotation"], o["radial"], o["neighbour"],
-                                 o["centre"], mmax), dim=1)
+    pairs_args = (o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], mmax)
+    pairs = [[block.cos() for block in edge_pairs(*pairs_args, three)] for three in (False, True)]
     nodes_args = (o["x"], blocks(o, o["messages"]), o["rotation"], o["envelope"], o["centre"],
                   mmax)
     return [
-        ("pairs", edge_pairs,
-         (o["x"], o["rotation"], o["radial"], o["neighbour"], o["centre"], mmax)),
-        ("pairs_backward", edge_pairs_backward,
-         (blocks(o, pairs.cos()), o["x"], o["rotation"], o["radial"], o["neighbour"],
-          o["centre"], mmax)),
+        ("pairs", edge_pairs, (*pairs_args, False)),
+        ("pairs", edge_pairs, (*pairs_args, True)),
+        ("pairs_backward", edge_pairs_backward, (pairs[0], *pairs_args, False)),
+        ("pairs_backward", edge_pairs_backward, (pairs[1], *pairs_args, True)),
         ("to_nodes", edge_to_nodes, nodes_args),
         ("to_nodes_backward", edge_to_nodes_backward,
          (edge_to_nodes(*nodes_args).sin(), *nodes_args[1:])),
@@ -47,11 +47,16 @@ def edge_calls(lmax: int, mmax: int, channels: int, dtype: torch.dtype) -> list[
 
 
 def gate_calls(lmax: int, mmax: int, channels: int, dtype: torch.dtype) -> list[tuple]:
-    """(kernel wrapper, custom operator, arguments) of the gate."""
+    """(kernel wrapper, custom operator, arguments) of the gate, its other inputs as blocks
+    and as three products' parts."""
     first, *others = test_edge_gate.operands(lmax, mmax, channels, dtype=dtype)
+    parts = test_edge_gate.three_parts_of(others)
+    _, *gated = edge_gate(first, others, lmax)
     grads = [g.cos() for g in edge_gate(first, others, lmax)]
     return [("gate", edge_gate, (first, others, lmax)),
-            ("gate_backward", edge_gate_backward, (grads, first, others, lmax))]
+            ("gate", edge_gate, (first, parts, lmax)),
+            ("gate_backward", edge_gate_backward, (grads, first, gated, lmax, False)),
+            ("gate_backward", edge_gate_backward, (grads, first, gated, lmax, True))]
 
 
 def calls(layout: tuple, dtype: torch.dtype) -> list[tuple]:
