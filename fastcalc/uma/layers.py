@@ -188,7 +188,7 @@ class MixedLinear(FrozenLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (..., in) times the weight, plus the bias; for a complex pair given three
         parts (3, E, in / 2), their three products (3, E, out / 2)."""
-        if x.dim() == 3:
+        if self.complex_pair and x.dim() == 3:
             return batched_products(x, self.parts, self.parts_t)
         return super().forward(x)
 
