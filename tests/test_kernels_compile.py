@@ -46,21 +46,23 @@ EDGE_KERNELS = ["_pairs_kernel", "_pairs_backward_kernel", "_to_nodes_kernel",
 GATE_KERNELS = ["_gate_kernel", "_gate_backward_kernel"]
 
 
-def launch_layout(layout: tuple[int, int, int], gate: bool) -> dict:
-    """The constexprs and warps the kernel wrappers launch with for (lmax, mmax, channels)
-    (shapes are all they read)."""
+def launch_layout(layout: tuple[int, int, int], gate: bool, three: bool) -> dict:
+    """The constexprs and warps the kernel wrappers launch with for (lmax, mmax, channels),
+    orders m > 0 in three parts or not (shapes are all they read)."""
     lmax, mmax, channels = layout
     if gate:
-        return edge_kernels._gate_layout(channels, [torch.empty(1, 1)] * mmax, lmax)
+        others = [torch.empty(3, 1, 1) if three else torch.empty(1, 1)] * mmax
+        return edge_kernels._gate_layout(channels, others, lmax)
     rotations = torch.empty(1, sum((2 * l + 1) ** 2 for l in range(lmax + 1)))
     return dict(edge_kernels._layout(torch.empty(1, (lmax + 1) ** 2, channels), rotations, mmax),
-                NR=max(radial_rows(lmax, mmax)) + 1)
+                NR=max(radial_rows(lmax, mmax)) + 1, THREE=three)
 
 
-def compile_uma_kernel(name: str, layout: tuple[int, int, int], dtype: str, gate: bool):
+def compile_uma_kernel(name: str, layout: tuple[int, int, int], dtype: str, gate: bool,
+                       three: bool = False):
     """UMA's kernel ``name`` compiled for sm_90 as its wrapper launches it for ``layout``."""
     kernel = getattr(edge_kernels, name)
-    constants = launch_layout(layout, gate)
+    constants = launch_layout(layout, gate, three)
     warps = constants.pop("num_warps")
     constants = {k: v for k, v in constants.items() if k in kernel.arg_names}
     return compile_for_sm90(kernel, {"E", "C"}, constants, dtype, num_warps=warps)
@@ -68,16 +70,19 @@ def compile_uma_kernel(name: str, layout: tuple[int, int, int], dtype: str, gate
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp64"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
-@pytest.mark.parametrize("name", EDGE_KERNELS)
-def test_uma_edge_kernels_compile_for_sm90(name, layout, dtype):
-    assert compile_uma_kernel(name, layout, dtype, gate=False).asm["cubin"]
+@pytest.mark.parametrize("name, three", [*((name, False) for name in EDGE_KERNELS),
+                                         *((name, True) for name in EDGE_KERNELS[:2])])
+def test_uma_edge_kernels_compile_for_sm90(name, three, layout, dtype):
+    """Each kernel; the edge pairs' also writing orders m > 0 in three parts."""
+    assert compile_uma_kernel(name, layout, dtype, gate=False, three=three).asm["cubin"]
 
 
+@pytest.mark.parametrize("three", [False, True], ids=["blocks", "three parts"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp64"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 @pytest.mark.parametrize("name", GATE_KERNELS)
-def test_uma_gate_kernels_compile_for_sm90(name, layout, dtype):
-    assert compile_uma_kernel(name, layout, dtype, gate=True).asm["cubin"]
+def test_uma_gate_kernels_compile_for_sm90(name, layout, dtype, three):
+    assert compile_uma_kernel(name, layout, dtype, gate=True, three=three).asm["cubin"]
 
 
 @pytest.mark.parametrize("has_bias", [False, True])
