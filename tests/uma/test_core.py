@@ -125,6 +125,26 @@ def test_independent_of_roll_around_edges(cores, monkeypatch):
         torch.testing.assert_close(rolled_out[key], reference[key], rtol=1e-10, atol=1e-10)
 
 
+def test_every_layer_but_the_last_takes_three_products(cores, monkeypatch):
+    """IEEE float32 and float64 take Gauss's three products in the first convolution of
+    each layer but the last, whose backward pass, the first to run, is the memory peak
+    (the forces of both forms are checked by the finite-difference and fairchem tests)."""
+    import fastcalc.uma.core as core_module
+
+    taken = []
+    messages = core_module.EdgeFrames.messages
+
+    def recording(self, x, neighbour, centre, radial, three):
+        taken.append(three)
+        return messages(self, x, neighbour, centre, radial, three)
+
+    monkeypatch.setattr(core_module.EdgeFrames, "messages", recording)
+    core = cores["main"]
+    core.compute(**inputs(core, structures()["tiny"][1]), stress=False)
+    assert len(core.blocks) >= 2
+    assert taken == [True] * (len(core.blocks) - 1) + [False]
+
+
 def test_rotating_the_system_rotates_forces(cores):
     core = cores["variant"]
     atoms = structures()["molecule"][1]
