@@ -51,8 +51,7 @@ def launch_layout(layout: tuple[int, int, int], gate: bool, three: bool) -> dict
     orders m > 0 in three parts or not (shapes are all they read)."""
     lmax, mmax, channels = layout
     if gate:
-        others = [torch.empty(3, 1, 1) if three else torch.empty(1, 1)] * mmax
-        return edge_kernels._gate_layout(channels, others, lmax)
+        return edge_kernels._gate_layout(channels, mmax, lmax, three)
     rotations = torch.empty(1, sum((2 * l + 1) ** 2 for l in range(lmax + 1)))
     return dict(edge_kernels._layout(torch.empty(1, (lmax + 1) ** 2, channels), rotations, mmax),
                 NR=max(radial_rows(lmax, mmax)) + 1, THREE=three)

@@ -144,12 +144,17 @@ class EdgeFrames:
 
 
 class _Block(nn.Module):
-    """One eSCN-MD layer: norm, edge-wise SO(2) message passing, norm, atom-wise FFN."""
+    """One eSCN-MD layer: norm, edge-wise SO(2) message passing, norm, atom-wise FFN.
+
+    With ``three_products`` its first convolution multiplies its orders m > 0 as three
+    products where that is faster (:meth:`SO2Convolution.three_products`)."""
 
     def __init__(
-        self, weights: dict, prefix: str, lmax: int, mmax: int, channels: int, hidden: int
+        self, weights: dict, prefix: str, lmax: int, mmax: int, channels: int, hidden: int,
+        three_products: bool,
     ) -> None:
         super().__init__()
+        self.three_products = three_products
         edge = f"{prefix}edge_wise."
         self.norm_1 = RMSNormSH(weights, f"{prefix}norm_1.", lmax)
         self.channels = channels
@@ -167,16 +172,13 @@ class _Block(nn.Module):
         centre: torch.Tensor,
         neighbour: torch.Tensor,
         frames: EdgeFrames,
-        three_products: bool,
     ) -> torch.Tensor:
         """Node features ``x`` after the layer; ``radial`` (E, ...) is the output of this
-        layer's radial network (see :class:`fastcalc.uma.radial.RadialNetworks`). With
-        ``three_products`` the first convolution multiplies its orders m > 0 as three
-        products where that is faster (:meth:`SO2Convolution.three_products`)."""
+        layer's radial network (see :class:`fastcalc.uma.radial.RadialNetworks`)."""
         residual = x
         x = self.norm_1(x)
         x = torch.cat((x[:, :1] + system, x[:, 1:]), dim=1)
-        three = three_products and self.conv_1.three_products(x)
+        three = self.three_products and self.conv_1.three_products(x)
         gated = self.gate(self.conv_1(frames.messages(x, neighbour, centre, radial, three)))
         messages = [block.unflatten(1, (-1, self.channels)) for block in self.conv_2(gated)]
         x = frames.add_to_nodes(residual, centre, messages)
@@ -206,15 +208,21 @@ class UMACore(nn.Module):
         self._checkpoint = checkpoint
 
         self.register_buffer("element_embedding", w["sphere_embedding.weight"].clone())
-        layers = range(int(backbone.get("num_layers", 2)))
+        layers = int(backbone.get("num_layers", 2))
+        # The last layer's backward pass runs first, while every tensor the forward pass
+        # kept is still alive: the peak of memory. There the three products' gradients,
+        # (3, E, K) per order instead of (E, 2K), would raise it (by 0.23 GiB for UMA-S at
+        # 1008 atoms, past fairchem's peak), so that layer keeps the block product.
         self.blocks = nn.ModuleList(
-            _Block(w, f"blocks.{i}.", self.lmax, self.mmax, self.channels, hidden) for i in layers
+            _Block(w, f"blocks.{i}.", self.lmax, self.mmax, self.channels, hidden,
+                   three_products=i < layers - 1)
+            for i in range(layers)
         )
         # the edge-degree embedding's radial network first, then each block's
         self.radial = RadialNetworks(
             w,
             ["edge_degree_embedding.rad_func.net."]
-            + [f"blocks.{i}.edge_wise.so2_conv_1.rad_func.net." for i in layers],
+            + [f"blocks.{i}.edge_wise.so2_conv_1.rad_func.net." for i in range(layers)],
             basis_size=int(backbone.get("num_distance_basis", 512)),
             cutoff=self.cutoff,
         )
@@ -373,13 +381,8 @@ class UMACore(nn.Module):
 
         edge_degree, *radial = self.radial(lengths, numbers[neighbour], numbers[centre])
         x = self._initial_features(numbers, edge_degree, centre, frames)
-        # The last layer's backward pass runs first, while every tensor the forward pass
-        # kept is still alive: the peak of memory. There the three products' gradients,
-        # (3, E, K) per order instead of (E, 2K), would raise it (by 0.23 GiB for UMA-S at
-        # 1008 atoms, past fairchem's peak), so that layer keeps the block product.
-        last = len(self.blocks) - 1
-        for index, (block, block_radial) in enumerate(zip(self.blocks, radial)):
-            x = block(x, self.system, block_radial, centre, neighbour, frames, index < last)
+        for block, block_radial in zip(self.blocks, radial):
+            x = block(x, self.system, block_radial, centre, neighbour, frames)
         x = self.final_norm(x)
         atom_energy = x[:, 0]
         for index, layer in enumerate(self.head):

@@ -48,6 +48,12 @@ def _combined(block: Tensor) -> Tensor:
     return torch.cat((t0 - t1, t2 - t0 - t1), dim=1)
 
 
+def in_three_parts(others: list[Tensor]) -> bool:
+    """Whether the first convolution's outputs of orders m > 0, ``others``, come as the
+    three products' parts (3, E, rows * C) rather than blocks (E, 2 rows * C)."""
+    return bool(others) and others[0].dim() == 3
+
+
 def gated_shapes(others: list[Tensor]) -> list[tuple[int, ...]]:
     """Shapes of the gated blocks of orders m > 0 (E, 2 rows * C), of the first
     convolution's outputs ``others``, as given or in three products' parts."""
@@ -132,7 +138,7 @@ def _(grads: list[Tensor], first: Tensor, gated: list[Tensor], lmax: int,
 
 def _gate_setup(ctx: Context, inputs: tuple, output: list[Tensor]) -> None:
     first, others, ctx.lmax = inputs
-    ctx.three = bool(others) and others[0].dim() == 3
+    ctx.three = in_three_parts(others)
     ctx.save_for_backward(first, *output[1:])
     ctx.shapes = [block.shape for block in output]
 

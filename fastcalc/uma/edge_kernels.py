@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .edge_gate import gated_shapes, input_shapes
+from .edge_gate import gated_shapes, in_three_parts, input_shapes
 from .edge_ops import pairs_shapes
 
 #: Elements of the (edges, KB, channels) tile each program holds, and its warps: one edge
@@ -409,7 +409,7 @@ def _layout(node_like: Tensor, wigner: Tensor, mmax: int) -> dict:
     )
 
 
-def _three(blocks: list[Tensor]) -> list[Tensor]:
+def _by_order(blocks: list[Tensor]) -> list[Tensor]:
     """The blocks of orders 0, 1 and 2, the last repeated where mmax < 2 (never read)."""
     return [*blocks, *blocks[-1:] * (MAX_ORDER + 1 - len(blocks))]
 
@@ -426,7 +426,7 @@ def pairs(x: Tensor, wigner: Tensor, radial: Tensor, neighbour: Tensor, centre: 
     layout.update(NR=radial.shape[1] // (2 * channels), THREE=three)
     with torch.cuda.device_of(x):
         _pairs_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
-            x, wigner, radial, torch.stack((neighbour, centre)), *_three(out), edges, channels,
+            x, wigner, radial, torch.stack((neighbour, centre)), *_by_order(out), edges, channels,
             **layout
         )
     return out
@@ -449,7 +449,7 @@ def pairs_backward(grads: list[Tensor], x: Tensor, wigner: Tensor, radial: Tenso
     layout.update(NR=radial.shape[1] // (2 * channels), THREE=three)
     with torch.cuda.device_of(x):
         _pairs_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]), 2)](
-            *_three(grads), x, wigner, radial, torch.stack((neighbour, centre)),
+            *_by_order(grads), x, wigner, radial, torch.stack((neighbour, centre)),
             grad_x, grad_wigner, grad_radial, edges, channels, **layout
         )
     return grad_x, grad_wigner.sum(dim=0), grad_radial
@@ -466,7 +466,7 @@ def to_nodes(x: Tensor, messages: list[Tensor], wigner: Tensor, envelope: Tensor
     with torch.cuda.device_of(x):
         layout = _layout(x, wigner, mmax)
         _to_nodes_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
-            *_three(messages), wigner, envelope.contiguous(), centre.contiguous(), out,
+            *_by_order(messages), wigner, envelope.contiguous(), centre.contiguous(), out,
             edges, x.shape[2], **layout
         )
     return out
@@ -485,20 +485,19 @@ def to_nodes_backward(grad: Tensor, messages: list[Tensor], wigner: Tensor, enve
         with torch.cuda.device_of(grad):
             layout = _layout(grad, wigner, mmax)
             _to_nodes_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
-                grad, *_three(messages), wigner, envelope, centre.contiguous(),
-                *_three(grad_messages), grad_wigner, grad_envelope, edges, grad.shape[2],
+                grad, *_by_order(messages), wigner, envelope, centre.contiguous(),
+                *_by_order(grad_messages), grad_wigner, grad_envelope, edges, grad.shape[2],
                 **layout
             )
     return [*grad_messages, grad_wigner, grad_envelope]
 
 
-def _gate_layout(channels: int, others: list[Tensor], lmax: int) -> dict:
+def _gate_layout(channels: int, mmax: int, lmax: int, three: bool) -> dict:
     """Compile-time sizes and the tile of the gate kernels (all channels of GATE_TILE //
     channels edges a program)."""
     block_c = triton.next_power_of_2(channels)
-    return dict(LMAX=lmax, MMAX=len(others), BLOCK_E=max(1, GATE_TILE // block_c),
-                BLOCK_C=block_c, num_warps=GATE_WARPS,
-                THREE=bool(others) and others[0].dim() == 3)
+    return dict(LMAX=lmax, MMAX=mmax, BLOCK_E=max(1, GATE_TILE // block_c),
+                BLOCK_C=block_c, num_warps=GATE_WARPS, THREE=three)
 
 
 def gate(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
@@ -508,10 +507,10 @@ def gate(first: Tensor, others: list[Tensor], lmax: int) -> list[Tensor]:
     out = [first.new_empty(edges, (lmax + 1) * channels),
            *(first.new_empty(shape) for shape in gated_shapes(others))]
     if edges > 0:
-        layout = _gate_layout(channels, others, lmax)
+        layout = _gate_layout(channels, len(others), lmax, in_three_parts(others))
         with torch.cuda.device_of(first):
             _gate_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
-                first, *_three([first, *others])[1:], *_three(out), edges, channels, **layout
+                first, *_by_order([first, *others])[1:], *_by_order(out), edges, channels, **layout
             )
     return out
 
@@ -525,11 +524,10 @@ def gate_backward(grads: list[Tensor], first: Tensor, gated: list[Tensor], lmax:
     grad_first = torch.empty_like(first)
     grad_others = [first.new_empty(shape) for shape in input_shapes(gated, three)]
     if edges > 0:
-        layout = _gate_layout(channels, gated, lmax)
-        layout["THREE"] = three
+        layout = _gate_layout(channels, len(gated), lmax, three)
         with torch.cuda.device_of(first):
             _gate_backward_kernel[(triton.cdiv(edges, layout["BLOCK_E"]),)](
-                *_three(grads), first, *_three([first, *gated])[1:], grad_first,
-                *_three([grad_first, *grad_others])[1:], edges, channels, **layout
+                *_by_order(grads), first, *_by_order([first, *gated])[1:], grad_first,
+                *_by_order([grad_first, *grad_others])[1:], edges, channels, **layout
             )
     return [grad_first, *grad_others]
