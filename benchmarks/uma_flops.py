@@ -9,6 +9,12 @@ checkpoint of ``fastcalc bench uma``. Products written as Triton kernels (fastca
 Wigner rotations) are not counted.
 
     python benchmarks/uma_flops.py --atoms 32
+
+``--shapes`` prints instead fastcalc's products alone, grouped by operator and shape
+(inner size K -> outer size N; ``bmm`` with its batch), with their share of the call's
+arithmetic: which maps a change such as Gauss's three products would shrink.
+
+    python benchmarks/uma_flops.py --atoms 108 --shapes
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import argparse
 import sys
 import tempfile
 import warnings
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 from ase.calculators.calculator import Calculator, all_changes
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +49,45 @@ def flops(calc: Calculator, natoms: int) -> dict[str, int]:
     return {str(op): count for op, count in counter.get_flop_counts()["Global"].items()}
 
 
+#: Matrix products by the position of their two operands in the call's arguments.
+_PRODUCTS = {"aten.mm": 0, "aten.bmm": 0, "aten.addmm": 1, "aten.baddbmm": 1}
+
+
+class ProductShapes(TorchDispatchMode):
+    """FLOPs of the matrix products run within it, by (operator, batch, K, N)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops: Counter = Counter()
+        self.calls: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if name in _PRODUCTS:
+            a, b = args[_PRODUCTS[name]:_PRODUCTS[name] + 2]
+            batch = a.shape[0] if a.dim() == 3 else 1
+            key = (name, batch, a.shape[-1], b.shape[-1])
+            self.flops[key] += 2 * a.numel() * b.shape[-1]
+            self.calls[key] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def shapes(path: Path, natoms: int, top: int = 25) -> None:
+    """Print fastcalc's products of one call by operator and shape, largest first."""
+    calc = BucketedCalculator(path, task_name="omat", device="cpu", compile_mode="eager")
+    atoms = copper(natoms)
+    calc.calculate(atoms.copy(), ["energy", "forces", "stress"], all_changes)
+    atoms.rattle(0.01, seed=1)
+    with ProductShapes() as products:
+        calc.calculate(atoms, ["energy", "forces", "stress"], all_changes)
+    total = sum(products.flops.values())
+    print(f"fastcalc's matrix products of one call, {natoms} atoms: {total / 1e9:.1f} GFLOP")
+    for (name, batch, k, n), value in products.flops.most_common(top):
+        batched = f"{batch} x " if name in ("aten.bmm", "aten.baddbmm") else ""
+        print(f"  {name:12s} {batched}{k:5d} -> {n:5d}  {value / 1e9:8.2f} GFLOP "
+              f"{100 * value / total:5.1f} %  ({products.calls[name, batch, k, n]} calls)")
+
+
 def fairchem(path: Path, mode: str) -> Calculator:
     """fairchem's ``high-precision`` preset on CPU, uncompiled, on backend ``mode``."""
     from fairchem.core.units.mlip_unit.api.inference import guess_inference_settings
@@ -52,10 +99,13 @@ def fairchem(path: Path, mode: str) -> Calculator:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--atoms", type=int, default=32)
+    parser.add_argument("--shapes", action="store_true",
+                        help="fastcalc's products alone, by operator and shape")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     with tempfile.TemporaryDirectory() as folder:  # the UMA-S-shaped checkpoint: 1.1 GB
-        count(uma_contest(Path(folder), "cpu", small=False).path, args.atoms)
+        path = uma_contest(Path(folder), "cpu", small=False).path
+        (shapes if args.shapes else count)(path, args.atoms)
 
 
 def count(path: Path, atoms: int) -> None:
