@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ase.calculators.calculator import Calculator, all_changes
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,13 +39,20 @@ from fastcalc.bench.upstream import fairchem_preset_calculator  # noqa: E402
 from fastcalc.uma.calculator import BucketedCalculator  # noqa: E402
 
 
-def flops(calc: Calculator, natoms: int) -> dict[str, int]:
-    """FLOPs per matrix-product operator of one call, after an uncounted first call."""
+def counted_call(calc: Calculator, natoms: int, mode: TorchDispatchMode) -> None:
+    """One energy + forces + stress call on rattled copper within ``mode`` (a counter),
+    after an uncounted first call."""
     atoms = copper(natoms)
     calc.calculate(atoms.copy(), ["energy", "forces", "stress"], all_changes)
     atoms.rattle(0.01, seed=1)
-    with FlopCounterMode(display=False) as counter:
+    with mode:
         calc.calculate(atoms, ["energy", "forces", "stress"], all_changes)
+
+
+def flops(calc: Calculator, natoms: int) -> dict[str, int]:
+    """FLOPs per matrix-product operator of one call, after an uncounted first call."""
+    counter = FlopCounterMode(display=False)
+    counted_call(calc, natoms, counter)
     return {str(op): count for op, count in counter.get_flop_counts()["Global"].items()}
 
 
@@ -54,7 +61,8 @@ _PRODUCTS = {"aten.mm": 0, "aten.bmm": 0, "aten.addmm": 1, "aten.baddbmm": 1}
 
 
 class ProductShapes(TorchDispatchMode):
-    """FLOPs of the matrix products run within it, by (operator, batch, K, N)."""
+    """FLOPs of the matrix products run within it (as :class:`FlopCounterMode` counts
+    them), by (operator, batch, K, N)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -62,24 +70,22 @@ class ProductShapes(TorchDispatchMode):
         self.calls: Counter = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         name = str(func.overloadpacket)
         if name in _PRODUCTS:
             a, b = args[_PRODUCTS[name]:_PRODUCTS[name] + 2]
-            batch = a.shape[0] if a.dim() == 3 else 1
-            key = (name, batch, a.shape[-1], b.shape[-1])
-            self.flops[key] += 2 * a.numel() * b.shape[-1]
+            key = (name, a.shape[0] if a.dim() == 3 else 1, a.shape[-1], b.shape[-1])
+            self.flops[key] += flop_registry[func.overloadpacket](*args, **kwargs, out_val=out)
             self.calls[key] += 1
-        return func(*args, **(kwargs or {}))
+        return out
 
 
 def shapes(path: Path, natoms: int, top: int = 25) -> None:
     """Print fastcalc's products of one call by operator and shape, largest first."""
     calc = BucketedCalculator(path, task_name="omat", device="cpu", compile_mode="eager")
-    atoms = copper(natoms)
-    calc.calculate(atoms.copy(), ["energy", "forces", "stress"], all_changes)
-    atoms.rattle(0.01, seed=1)
-    with ProductShapes() as products:
-        calc.calculate(atoms, ["energy", "forces", "stress"], all_changes)
+    products = ProductShapes()
+    counted_call(calc, natoms, products)
     total = sum(products.flops.values())
     print(f"fastcalc's matrix products of one call, {natoms} atoms: {total / 1e9:.1f} GFLOP")
     for (name, batch, k, n), value in products.flops.most_common(top):
