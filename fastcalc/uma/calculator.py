@@ -1,10 +1,14 @@
 """``BucketedCalculator``: UMA checkpoints on fastcalc's calculator machinery.
 
-Per call: fairchem's ``max_neighbors`` rule and the expert merge (composition,
-charge, spin, task) run outside any compiled code; atoms and the kept edges are
-padded to buckets (:mod:`fastcalc.buckets`), and energy, forces and stress come
-from one traced graph compiled once with dynamic shapes and, on CUDA, replayed from
-a CUDA graph recorded per padded shape (:class:`fastcalc.tracing.GraphRunner`).
+Per call: the expert merge (composition, charge, spin, task) runs outside any
+compiled code; atoms and the Verlet list's candidate pairs are padded to buckets
+(:mod:`fastcalc.buckets`), and one traced graph, compiled once with dynamic shapes
+and, on CUDA, replayed from a CUDA graph recorded per padded shape
+(:class:`fastcalc.tracing.GraphRunner`), picks the edges within the cutoff into an edge
+bucket sized at the neighbour search (:func:`fastcalc.uma.graph.edges_within`) and
+computes energy, forces and stress: the host never waits for the device before the
+model runs. Where fairchem's ``max_neighbors`` rule may drop edges, the edges are
+picked and limited on the host instead, every call.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Hashable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from ase import Atoms
 
-from ..buckets import atom_mask, pad_atoms, pad_edges, pad_systems, padded_size
+from ..buckets import EDGE_FRACTION, atom_mask, pad_atoms, pad_edges, pad_systems, padded_size
 from ..calculator import InvalidAtomsError, Result, System, TorchCalculator, to_host
 from ..compile_cache import tensors_digest
 from ..demo_models import FITTED_ELEMENTS
@@ -26,7 +31,7 @@ from ..registry import resolve_model_path
 from ..tracing import resolve_compile_mode
 from .checkpoint import UMACheckpoint, load_checkpoint
 from .core import UMACore
-from .graph import apply_neighbor_limit
+from .graph import apply_neighbor_limit, kept_candidates
 
 __all__ = ["BucketedCalculator"]
 
@@ -45,6 +50,21 @@ def check_charge_and_spin(charge: int, spin: int) -> None:
                 f"atoms.info[{key!r}] = {value} is outside the range {low} to {high}"
                 + (" (spin is the multiplicity 2S + 1; 0 means unset)" if key == "spin" else "")
             )
+
+
+class Candidates(NamedTuple):
+    """A neighbour search's candidate pairs padded to a bucket, and the edge bucket the
+    graph packs the pairs within the cutoff into (``slots`` is ``arange(width)``)."""
+
+    search: int | None  # the neighbour list's search counter; None: this call's only
+    edge_index: torch.Tensor  # (2, C_pad)
+    unit_shifts: torch.Tensor  # (C_pad, 3)
+    slots: torch.Tensor
+
+    def widened(self, count: int, step: int) -> Candidates:
+        """The same candidates with an edge bucket for ``count`` edges."""
+        width = padded_size(count, step, EDGE_FRACTION)
+        return self._replace(slots=torch.arange(width, device=self.slots.device))
 
 
 def _resolve_task(core_or_checkpoint: UMACore | UMACheckpoint, task_name: str | None) -> str:
@@ -109,6 +129,7 @@ class BucketedCalculator(TorchCalculator):
     #: autograd (the gradient of its norm is NaN).
     drops_zero_length_edges = True
     evaluates_batches = True
+    takes_candidates = True
     default_parameters = {
         **TorchCalculator.default_parameters,
         "task_name": None,
@@ -150,7 +171,7 @@ class BucketedCalculator(TorchCalculator):
         self.core = core.to(device=self.device, dtype=self.dtype).requires_grad_(False)
         self.core.set_task(task_name)
         self.bucket_size = bucket_size
-        self._runner = self.graph_runner(self.core.energy_and_gradients, self.compile_mode)
+        self._runner = self.graph_runner(self.core.energy_and_gradients_within, self.compile_mode)
         self._batch_runner = self.graph_runner(
             self.core.batch_energies_and_gradients, self.compile_mode, graph="batch"
         )
@@ -159,6 +180,7 @@ class BucketedCalculator(TorchCalculator):
         )
         # (numbers on the device, padded atoms, padded numbers, atom mask)
         self._padded: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
+        self._candidates: Candidates | None = None
 
     def _check_structure(self, atoms: Atoms) -> bool:
         """The base checks (returning whether the cell has a volume), then fairchem's rule
@@ -287,26 +309,63 @@ class BucketedCalculator(TorchCalculator):
             ))
         return results
 
+    def _prepared_candidates(self, system: System) -> Candidates:
+        """The padded candidates of the current neighbour search and an edge bucket for the
+        pairs within the cutoff now, made at the search's first call (one wait for the
+        device, to count them). Where fairchem's neighbour limit may drop edges (an atom
+        has more candidates than ``max_neighbors``), the limited edges themselves, picked
+        on the host at every call."""
+        limit = self.core.max_neighbors
+        if self._candidates is not None and self._candidates.search == system.search:
+            return self._candidates
+        keep, squared = kept_candidates(
+            system.positions, system.cell, system.edge_index, system.unit_shifts, self.cutoff
+        )
+        edge_index, unit_shifts = system.edge_index[:, keep], system.unit_shifts[keep]
+        search = system.search
+        if 0 < limit < system.most_neighbors:
+            edge_index, unit_shifts = apply_neighbor_limit(
+                edge_index, unit_shifts, squared[keep], len(system.numbers), limit
+            )
+            search = None
+        else:  # the graph picks these from the candidates
+            edge_index, unit_shifts = system.edge_index, system.unit_shifts
+        edges = pad_edges(
+            edge_index, unit_shifts, system.cell, self.cutoff, self.bucket_size,
+            system.padding_shift,
+        )
+        slots = torch.arange(0, device=self.device)
+        candidates = Candidates(search, edges.edge_index, edges.unit_shifts, slots)
+        return candidates.widened(int(keep.sum()), self.bucket_size)
+
     def evaluate(self, system: System) -> Result:
-        """fairchem's neighbour limit and the expert merge on the host, then the graph."""
+        """The expert merge on the host, then the graph: edges picked from the candidates,
+        the model, forces and stress; run again with a wider edge bucket in the rare call
+        where more pairs are within the cutoff than at the search."""
         check_charge_and_spin(system.charge, system.spin)
         self.core.prepare(torch.from_numpy(system.host_numbers), system.charge, system.spin)
-        positions, cell, numbers = system.positions, system.cell, system.numbers
-        edge_index, unit_shifts = self._limited_edges(system)
-        n = len(numbers)
+        n = len(system.numbers)
         atoms = padded_size(n, ATOM_STEP)
-        padded_numbers, mask = self._padded_numbers(numbers, atoms)
-        edges = pad_edges(
-            edge_index, unit_shifts, cell, self.cutoff, self.bucket_size, system.padding_shift
-        )
-        energy, forces, stress, energies = self._runner(
-            pad_atoms(positions, atoms), cell, padded_numbers, edges.edge_index,
-            edges.unit_shifts, edges.edge_mask, mask,
-        )
-        # one wait for the device; normalisers and element references apply on the host
-        host = map(torch.from_numpy, to_host(energy, forces[:n], stress, energies[:n]))
+        padded_numbers, mask = self._padded_numbers(system.numbers, atoms)
+        positions = pad_atoms(system.positions, atoms)
+        candidates = self._prepared_candidates(system)
+        while True:
+            *outputs, count = self._runner(
+                positions, system.cell, padded_numbers, candidates.edge_index,
+                candidates.unit_shifts, candidates.slots, system.padding_shift, mask,
+            )
+            # one wait for the device; normalisers and element references apply on the host
+            count, energy, forces, stress, energies = to_host(
+                count, outputs[0], outputs[1][:n], outputs[2], outputs[3][:n]
+            )
+            if count <= len(candidates.slots):
+                break
+            candidates = candidates.widened(int(count), self.bucket_size)
+        if candidates.search is not None:
+            self._candidates = candidates
         out = self.core.outputs(
-            *host, torch.from_numpy(system.host_numbers), system.compute_stress
+            *map(torch.from_numpy, (energy, forces, stress, energies)),
+            torch.from_numpy(system.host_numbers), system.compute_stress,
         )
         stress = out.get("stress")
         return Result(

@@ -46,6 +46,7 @@ from .edge_ops import (
     torch_edge_to_nodes,
 )
 from .experts import ExpertRouter, SystemEmbedding
+from .graph import edges_within
 from .layers import (
     EdgeGate,
     MixedLinear,
@@ -446,6 +447,31 @@ class UMACore(nn.Module):
 
         total, forces, stress = energy_forces_stress(energy, positions, cell, compute_stress=True)
         return total, forces, stress, per_atom[0].detach()
+
+    def energy_and_gradients_within(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        numbers: torch.Tensor,
+        candidate_index: torch.Tensor,
+        candidate_shifts: torch.Tensor,
+        slots: torch.Tensor,
+        padding_shift: torch.Tensor,
+        atom_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`energy_and_gradients` on the edges that
+        :func:`fastcalc.uma.graph.edges_within` picks from a Verlet list's candidates,
+        padded to ``len(slots)``, and last the count of those edges: the results hold
+        only if it is at most ``len(slots)``. Traceable (the function fastcalc compiles
+        for one structure): the edge count never reaches the host before the model runs."""
+        edges, count = edges_within(
+            positions, cell, candidate_index, candidate_shifts, slots, padding_shift, self.cutoff
+        )
+        results = self.energy_and_gradients(
+            positions, cell, numbers, edges.edge_index, edges.unit_shifts, edges.edge_mask,
+            atom_mask,
+        )
+        return (*results, count)
 
     def batch_energies_and_gradients(
         self,

@@ -1,8 +1,12 @@
-"""Neighbour topology for the UMA core (computed outside the differentiable core).
+"""Neighbour topology for the UMA core (integers and masks, no gradients).
 
 Convention (shared with :mod:`fastcalc.uma.core`): ``edge_index[0]`` = centre
 ``i``, ``edge_index[1]`` = neighbour ``j``, edge vector
 ``positions[j] - positions[i] + unit_shifts @ cell``.
+
+:func:`edges_within` picks the edges from a Verlet list's candidates with tensor
+operations only, so that it runs inside the compiled graph, ahead of the model, and a
+call never waits for the device to learn how many edges there are.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..buckets import PaddedEdges
 from ..neighbors import neighbor_list
 
 
@@ -81,3 +86,47 @@ def build_topology(
         edge_index[:, nonzero], unit_shifts[nonzero], squared_lengths[nonzero], len(positions),
         max_neighbors,
     )
+
+
+@torch.no_grad()
+def kept_candidates(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    candidate_index: torch.Tensor,
+    candidate_shifts: torch.Tensor,
+    cutoff: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which candidate pairs are edges of fairchem's graph on this geometry (shorter than
+    ``cutoff``, longer than zero), and their squared lengths; ``cell`` (3, 3)."""
+    ends = positions.detach().index_select(0, candidate_index.reshape(-1)).view(2, -1, 3)
+    vectors = ends[1] - ends[0] + candidate_shifts.to(cell.dtype) @ cell.detach()
+    squared = vectors.square().sum(-1)
+    return (squared < cutoff**2) & (squared > 0), squared
+
+
+@torch.no_grad()
+def edges_within(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    candidate_index: torch.Tensor,
+    candidate_shifts: torch.Tensor,
+    slots: torch.Tensor,
+    padding_shift: torch.Tensor,
+    cutoff: float,
+) -> tuple[PaddedEdges, torch.Tensor]:
+    """The candidates :func:`kept_candidates` keeps, in their order, packed into
+    ``len(slots)`` edges (``slots`` is ``arange(width)``) padded as
+    :func:`fastcalc.buckets.pad_edges` pads (centre and neighbour 0, ``padding_shift``),
+    and how many were kept (int64). More than ``len(slots)`` means the edges were cut
+    short: evaluate again wider. Tensor operations only: traceable and compilable."""
+    keep, _ = kept_candidates(positions, cell, candidate_index, candidate_shifts, cutoff)
+    count = keep.sum()
+    width = slots.shape[0]
+    rank = torch.cumsum(keep, 0) - 1
+    # every candidate not kept (or beyond the width) lands in one spare slot, dropped after
+    target = torch.where(keep & (rank < width), rank, width)
+    index = candidate_index.new_zeros(2, width + 1)
+    index = index.scatter(1, target.expand(2, -1), candidate_index)[:, :width]
+    shifts = padding_shift.expand(width + 1, 3).clone()
+    shifts = shifts.scatter(0, target[:, None].expand(-1, 3), candidate_shifts)[:width]
+    return PaddedEdges(index, shifts, slots < count), count

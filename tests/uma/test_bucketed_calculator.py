@@ -12,12 +12,14 @@ import pytest
 import torch
 from ase.build import bulk
 from ase.calculators.fd import calculate_numerical_stress
+from ase.neighborlist import neighbor_list
 from test_against_fairchem import RTOL
 from uma_reference import structures
 
 from fastcalc.bench.upstream import build_checkpoint, default_backbone, fairchem_calculator
+from fastcalc.buckets import EDGE_FRACTION, padded_size
 from fastcalc.calculator import InvalidAtomsError
-from fastcalc.testing import check_calculator, deviation, evaluate
+from fastcalc.testing import check_calculator, deviation, deviations, evaluate
 from fastcalc.uma import BucketedCalculator, UMACore, UnknownTaskError, load_checkpoint
 
 SMALL = dict(num_layers=1, sphere_channels=8, hidden_channels=8, edge_channels=8,
@@ -206,3 +208,29 @@ def test_a_system_beyond_the_free_gpu_memory_is_refused_before_the_search(
     assert time.perf_counter() - started < 1.0
     small.calc = calc
     assert np.isfinite(small.get_potential_energy())
+
+
+def test_pairs_that_come_within_the_cutoff_between_searches_are_all_seen(
+    uma_checkpoints, reference_calculator
+):
+    """The edge bucket is sized at the neighbour search (here to the pair exactly, with
+    ``bucket_size=1``); when atoms then move less than ``skin / 2`` and more pairs come
+    within the cutoff, the call runs again wider, without a new search, and agrees with
+    fairchem."""
+    path = uma_checkpoints["main"].path
+    calc = BucketedCalculator(path, task_name="omol", dtype="float64", device="cpu",
+                              compile_mode="eager", bucket_size=1)
+    cube = bulk("Cu", "sc", a=2.4).repeat(2)
+    gap = calc.cutoff + 0.05  # between facing atoms of two cubes
+    pair = cube + cube
+    pair.positions[8:] += [2.4 + gap, 0.0, 0.0]
+    pair.pbc = False
+    pair.info.update(charge=0, spin=1)
+    evaluate(calc, pair)
+    closer = pair.copy()
+    closer.positions[8:] -= [0.2, 0.0, 0.0]  # less than skin / 2 = 0.25 Å
+    before, after = (len(neighbor_list("i", a, calc.cutoff)) for a in (pair, closer))
+    assert after > padded_size(before, 1, EDGE_FRACTION)  # more than the bucket holds
+    ours = evaluate(calc, closer)
+    assert calc.neighbors.searches == 1
+    assert max(deviations(ours, evaluate(reference_calculator("main", "omol"), closer)).values()) < RTOL
