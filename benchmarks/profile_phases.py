@@ -238,7 +238,6 @@ def pet(
 def uma(
     device: str, mode: str | None, precision: str, path: Path
 ) -> tuple[Calculator, PhaseTimer]:
-    import fastcalc.neighbors as neighbors
     import fastcalc.uma.calculator as module
 
     calc = module.BucketedCalculator(
@@ -247,8 +246,8 @@ def uma(
     )
     timer = PhaseTimer()
     timer.patch(calc.neighbors, "candidates", "neighbors")
-    timer.patch(neighbors, "_within", "within cutoff")
-    for name in ("check_charge_and_spin", "edge_vectors", "apply_neighbor_limit", "pad_edges"):
+    timer.patch(calc, "_prepared_candidates", "candidates (per search)")
+    for name in ("check_charge_and_spin", "pad_atoms"):
         timer.patch(module, name)
     timer.patch(calc.core, "prepare")
     timer.patch(calc.core, "outputs")
