@@ -52,19 +52,19 @@ def check_charge_and_spin(charge: int, spin: int) -> None:
             )
 
 
+def edge_slots(count: int, step: int, device: torch.device) -> torch.Tensor:
+    """``arange(width)`` of the edge bucket for ``count`` edges (see :func:`padded_size`)."""
+    return torch.arange(padded_size(count, step, EDGE_FRACTION), device=device)
+
+
 class Candidates(NamedTuple):
     """A neighbour search's candidate pairs padded to a bucket, and the edge bucket the
-    graph packs the pairs within the cutoff into (``slots`` is ``arange(width)``)."""
+    graph packs the pairs within the cutoff into (``slots``, see :func:`edge_slots`)."""
 
     search: int | None  # the neighbour list's search counter; None: this call's only
     edge_index: torch.Tensor  # (2, C_pad)
     unit_shifts: torch.Tensor  # (C_pad, 3)
     slots: torch.Tensor
-
-    def widened(self, count: int, step: int) -> Candidates:
-        """The same candidates with an edge bucket for ``count`` edges."""
-        width = padded_size(count, step, EDGE_FRACTION)
-        return self._replace(slots=torch.arange(width, device=self.slots.device))
 
 
 def _resolve_task(core_or_checkpoint: UMACore | UMACheckpoint, task_name: str | None) -> str:
@@ -315,28 +315,25 @@ class BucketedCalculator(TorchCalculator):
         device, to count them). Where fairchem's neighbour limit may drop edges (an atom
         has more candidates than ``max_neighbors``), the limited edges themselves, picked
         on the host at every call."""
-        limit = self.core.max_neighbors
         if self._candidates is not None and self._candidates.search == system.search:
             return self._candidates
         keep, squared = kept_candidates(
             system.positions, system.cell, system.edge_index, system.unit_shifts, self.cutoff
         )
-        edge_index, unit_shifts = system.edge_index[:, keep], system.unit_shifts[keep]
-        search = system.search
+        edge_index, unit_shifts, search = system.edge_index, system.unit_shifts, system.search
+        count = int(keep.sum())
+        limit = self.core.max_neighbors
         if 0 < limit < system.most_neighbors:
             edge_index, unit_shifts = apply_neighbor_limit(
-                edge_index, unit_shifts, squared[keep], len(system.numbers), limit
+                edge_index[:, keep], unit_shifts[keep], squared[keep], len(system.numbers), limit
             )
-            search = None
-        else:  # the graph picks these from the candidates
-            edge_index, unit_shifts = system.edge_index, system.unit_shifts
+            count, search = edge_index.shape[1], None
         edges = pad_edges(
             edge_index, unit_shifts, system.cell, self.cutoff, self.bucket_size,
             system.padding_shift,
         )
-        slots = torch.arange(0, device=self.device)
-        candidates = Candidates(search, edges.edge_index, edges.unit_shifts, slots)
-        return candidates.widened(int(keep.sum()), self.bucket_size)
+        slots = edge_slots(count, self.bucket_size, self.device)
+        return Candidates(search, edges.edge_index, edges.unit_shifts, slots)
 
     def evaluate(self, system: System) -> Result:
         """The expert merge on the host, then the graph: edges picked from the candidates,
@@ -360,7 +357,8 @@ class BucketedCalculator(TorchCalculator):
             )
             if count <= len(candidates.slots):
                 break
-            candidates = candidates.widened(int(count), self.bucket_size)
+            slots = edge_slots(int(count), self.bucket_size, self.device)
+            candidates = candidates._replace(slots=slots)
         if candidates.search is not None:
             self._candidates = candidates
         out = self.core.outputs(
