@@ -6,9 +6,9 @@ compiled code; atoms and the Verlet list's candidate pairs are padded to buckets
 and, on CUDA, replayed from a CUDA graph recorded per padded shape
 (:class:`fastcalc.tracing.GraphRunner`), picks the edges within the cutoff into an edge
 bucket sized at the neighbour search (:func:`fastcalc.uma.graph.edges_within`) and
-computes energy, forces and stress: the host never waits for the device before the
-model runs. Where fairchem's ``max_neighbors`` rule may drop edges, the edges are
-picked and limited on the host instead, every call.
+computes energy, forces and stress: between neighbour searches the host does not wait
+for the device before the model runs. Where fairchem's ``max_neighbors`` rule may drop
+edges, the edges are picked and limited on the host instead, every call.
 """
 
 from __future__ import annotations
