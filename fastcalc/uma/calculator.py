@@ -243,13 +243,13 @@ class BucketedCalculator(TorchCalculator):
         return self._padded[2], self._padded[3]
 
     def _limited_edges(self, system: System) -> tuple[torch.Tensor, torch.Tensor]:
-        """``system``'s pairs (of one system or a batch) under fairchem's neighbour limit,
-        on the device; skipped when no atom can exceed it."""
+        """A batch's pairs under fairchem's neighbour limit, on the device; skipped when no
+        atom can exceed it (one structure's are limited in :meth:`_prepared_candidates`)."""
         edge_index, unit_shifts = system.edge_index, system.unit_shifts
         limit = self.core.max_neighbors
         if not 0 < limit < system.most_neighbors:
             return edge_index, unit_shifts
-        edge_system = None if system.sizes is None else system.system_index[edge_index[0]]
+        edge_system = system.system_index[edge_index[0]]
         with torch.no_grad():
             vectors = edge_vectors(
                 system.positions, system.cell, edge_index, unit_shifts, edge_system
@@ -321,13 +321,14 @@ class BucketedCalculator(TorchCalculator):
             system.positions, system.cell, system.edge_index, system.unit_shifts, self.cutoff
         )
         edge_index, unit_shifts, search = system.edge_index, system.unit_shifts, system.search
-        count = int(keep.sum())
         limit = self.core.max_neighbors
         if 0 < limit < system.most_neighbors:
             edge_index, unit_shifts = apply_neighbor_limit(
                 edge_index[:, keep], unit_shifts[keep], squared[keep], len(system.numbers), limit
             )
             count, search = edge_index.shape[1], None
+        else:
+            count = int(keep.sum())
         edges = pad_edges(
             edge_index, unit_shifts, system.cell, self.cutoff, self.bucket_size,
             system.padding_shift,

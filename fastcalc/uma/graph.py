@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..buckets import PaddedEdges
+from ..geometry import edge_vectors
 from ..neighbors import neighbor_list
 
 
@@ -98,9 +99,7 @@ def kept_candidates(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Which candidate pairs are edges of fairchem's graph on this geometry (shorter than
     ``cutoff``, longer than zero), and their squared lengths; ``cell`` (3, 3)."""
-    ends = positions.detach().index_select(0, candidate_index.reshape(-1)).view(2, -1, 3)
-    vectors = ends[1] - ends[0] + candidate_shifts.to(cell.dtype) @ cell.detach()
-    squared = vectors.square().sum(-1)
+    squared = edge_vectors(positions, cell, candidate_index, candidate_shifts).square().sum(-1)
     return (squared < cutoff**2) & (squared > 0), squared
 
 
