@@ -5,13 +5,15 @@ shapes, and the backward pass's ``grad @ w``), as IEEE float32 (cuBLAS), as one 
 product (cuBLAS) and as three TF32 products (:mod:`fastcalc.tf32x3_kernel`), each
 beside its largest error relative to the largest entry of the float64 product.
 
-``--layouts`` times instead IEEE float32 products of each linear map in both weight
-layouts: the forward ``x @ w.T`` with ``w`` stored (out, in), as fastcalc stores it, or
+``--layouts`` times instead IEEE float32 products (TF32 with ``--tf32``) of each linear
+map in both weight layouts: the forward ``x @ w.T`` with ``w`` stored (out, in), or
 ``x @ wt`` with a (in, out) copy, and the backward ``grad @ w`` or ``grad @ wt.T``
-(cuBLAS picks its kernel by layout and shape).
+(cuBLAS picks its kernel by layout and shape; fastcalc stores both and reads, in float32,
+``wt`` forward and ``w`` backward, in TF32 ``w.T`` forward and ``wt.T`` backward).
 
     python benchmarks/matmul_precision.py --rows 78848
     python benchmarks/matmul_precision.py --layouts --rows 8448 78848
+    python benchmarks/matmul_precision.py --layouts --tf32 --rows 78848
 """
 
 from __future__ import annotations
@@ -50,10 +52,11 @@ def median_ms(fn, calls: int = 20) -> float:
     return statistics.median(times)
 
 
-def layouts(rows: int) -> None:
-    """Float32 milliseconds of each of :data:`LINEAR_MAPS` at ``rows`` rows, forward and
-    backward, with the weight stored (out, in) or (in, out)."""
-    print(f"\n{rows} rows, IEEE float32, ms")
+def layouts(rows: int, name: str) -> None:
+    """Milliseconds of each of :data:`LINEAR_MAPS` at ``rows`` rows in torch's current
+    precision (``name``), forward and backward, with the weight stored (out, in) or
+    (in, out)."""
+    print(f"\n{rows} rows, {name}, ms")
     print("| K -> N | x @ w.T | x @ wt | grad @ w | grad @ wt.T |")
     print("|---|---:|---:|---:|---:|")
     for k, n in LINEAR_MAPS:
@@ -69,11 +72,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[78848])
     parser.add_argument("--layouts", action="store_true",
                         help="float32 products in both weight layouts instead")
+    parser.add_argument("--tf32", action="store_true", help="with --layouts: TF32 products")
     args = parser.parse_args()
-    torch.set_float32_matmul_precision("highest")
+    if args.tf32 and not args.layouts:
+        parser.error("--tf32 goes with --layouts (the precision table times TF32 anyway)")
+    torch.set_float32_matmul_precision("high" if args.tf32 else "highest")
     for rows in args.rows:
         if args.layouts:
-            layouts(rows)
+            layouts(rows, "TF32" if args.tf32 else "IEEE float32")
         else:
             precisions(rows)
 

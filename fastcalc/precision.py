@@ -17,8 +17,9 @@ largest force. So a calculator call runs under :func:`matmul_precision`:
   attention) stay IEEE float32.
 
 The choice is read when a model's function is traced, and baked into the graph as the
-custom operators ``fastcalc::tf32_matmul``, ``fastcalc::tf32_linear`` and
-``fastcalc::tf32x3_linear`` (the linear maps add their bias in the same product), which
+custom operators ``fastcalc::tf32_matmul``, ``fastcalc::tf32_linear``,
+``fastcalc::tf32_frozen_linear`` and ``fastcalc::tf32x3_linear`` (the linear maps add
+their bias in the same product), which
 CUDA graphs record like any other. TF32 exists only on CUDA: elsewhere ``"tf32"`` and
 ``"3xtf32"`` compute what ``"float32"`` does, and so do the uncompiled calls a calculator
 answers in plain torch (:mod:`fastcalc.plain_torch`) while its compiled model loads.
@@ -209,6 +210,40 @@ _register_linear(_tf32_linear)
 _register_linear(_tf32x3_linear)
 
 
+@torch.library.custom_op("fastcalc::tf32_frozen_linear", mutates_args=())
+def _tf32_frozen_linear(
+    a: torch.Tensor, b: torch.Tensor, b_back: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``a @ b + bias`` on TF32 tensor cores, as ``fastcalc::tf32_linear``, for a map with
+    fixed weights: differentiable in ``a`` only, its backward product ``grad @ b_back``
+    (``b_back`` holds ``b.mT``'s values in another layout, see :class:`FrozenLinear`)."""
+    with _tf32_products():
+        return _plain_linear(a, b, bias)
+
+
+@_tf32_frozen_linear.register_fake
+def _(
+    a: torch.Tensor, b: torch.Tensor, b_back: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _frozen_setup_context(
+    ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: object
+) -> None:
+    ctx.save_for_backward(inputs[2], inputs[1])
+
+
+def _frozen_backward(
+    ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+) -> tuple[torch.Tensor, None, None, None]:
+    b_back, b = ctx.saved_tensors
+    return _tf32_frozen_linear(grad, b_back, b, None), None, None, None
+
+
+_tf32_frozen_linear.register_autograd(_frozen_backward, setup_context=_frozen_setup_context)
+
+
 def network_precision(x: torch.Tensor) -> str:
     """The network's precision for products of ``x``: ``"float32"`` off CUDA or float32,
     and within :func:`fastcalc.plain_torch.plain_torch` (its products are custom
@@ -255,15 +290,19 @@ def linear(
     weight_t: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.linear`` for a network layer: TF32 under ``matmul_precision("tf32")``, three TF32
-    products under ``matmul_precision("3xtf32")``, on CUDA. In float32, given ``weight_t``
-    (``weight.t()``, contiguous) it multiplies by that forward and by ``weight`` backward,
-    differentiable in ``x`` only (:class:`FrozenLinear`'s fixed weights)."""
+    products under ``matmul_precision("3xtf32")``, on CUDA. Given ``weight_t``
+    (``weight.t()``, contiguous) it is differentiable in ``x`` only (:class:`FrozenLinear`'s
+    fixed weights) and multiplies, in float32, by ``weight_t`` forward and by ``weight``
+    backward; in TF32, by transposed views of both: ``weight.t()`` forward and
+    ``weight_t.t()`` backward."""
     precision = network_precision(x)
     if precision == "float32" and weight_t is None:
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     if precision == "float32":
         out = _TransposedForward.apply(flat, weight, weight_t, bias)
+    elif precision == "tf32" and weight_t is not None:
+        out = _tf32_frozen_linear(flat, weight.t(), weight_t.t(), bias)
     else:
         product = _tf32_linear if precision == "tf32" else _tf32x3_linear
         out = product(flat, weight.t(), bias)
@@ -297,8 +336,13 @@ class FrozenLinear(nn.Module):
     of UMA's edge maps 7-20 % faster forward with the (in, out) copy, while the backward
     product is fastest as ``grad @ weight`` (``benchmarks/matmul_precision.py --layouts``).
     A 108-atom UMA-S call took 3.5 % less time, a 1008-atom one the same (H100, 2026-12-05,
-    ``benchmarks/HISTORY.md``); the copy costs the weights' memory once more. Write the
-    weights through :meth:`assign` or :meth:`scale`, which keep the copy equal.
+    ``benchmarks/HISTORY.md``); the copy costs the weights' memory once more. cuBLAS's
+    TF32 kernels run fastest on the weight operand read transposed, the other way round:
+    in TF32 the forward product reads ``weight.t()`` and the backward one
+    ``weight_t.t()`` (at 78,848 rows up to 1.9x faster backward than ``grad @ weight``;
+    a TF32 UMA-S call took 6.2 % less time at 1008 atoms, 4.8 % at 108; H100,
+    2026-12-07). Write the weights through :meth:`assign` or :meth:`scale`, which keep
+    the copy equal.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:

@@ -90,6 +90,33 @@ def test_the_linear_maps_have_the_derivatives_of_a_linear_map(name, with_bias):
     assert torch.autograd.gradgradcheck(product, operands)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_frozen_linear_map_has_the_input_derivatives_of_a_linear_map(with_bias):
+    """Its weights are fixed: derivatives in the input only, first and second order."""
+    generator = torch.Generator().manual_seed(2)
+    a = torch.randn(5, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(3, 4, dtype=torch.float64, generator=generator)
+    bias = torch.randn(3, dtype=torch.float64, generator=generator) if with_bias else None
+    weight_t = weight.t().contiguous()
+
+    def frozen(x: torch.Tensor) -> torch.Tensor:
+        return precision._tf32_frozen_linear(x, weight.t(), weight_t.t(), bias)
+
+    torch.testing.assert_close(frozen(a), torch.nn.functional.linear(a, weight, bias))
+    assert torch.autograd.gradcheck(frozen, (a,))
+    assert torch.autograd.gradgradcheck(frozen, (a,))
+
+
+def test_the_frozen_linear_maps_backward_product_reads_its_third_operand():
+    """The backward product multiplies by ``b_back``, the copy the caller stores for it
+    (here deliberately unequal to ``b.mT``, so that reading ``b`` would show)."""
+    a = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    b, b_back = torch.randn(4, 3, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    grad = torch.randn(5, 3, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(precision._tf32_frozen_linear(a, b, b_back, None), a, grad)
+    torch.testing.assert_close(ours, grad @ b_back)
+
+
 @pytest.mark.usefixtures("restore_flags")
 def test_on_the_cpu_float32_ignores_the_global_flags_and_tf32_products_change_nothing(monkeypatch):
     atoms = bulk("Cu", cubic=True).repeat(2)
@@ -126,6 +153,21 @@ def _frozen_and_reference(bias: bool) -> tuple[precision.FrozenLinear, torch.Ten
 @pytest.mark.parametrize("bias", [True, False])
 def test_frozen_linear_matches_torch_linear_and_its_input_gradient(bias):
     layer, weight, offset = _frozen_and_reference(bias)
+    x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
+    ours = layer(x)
+    (grad,) = torch.autograd.grad(ours.sin().sum(), x)
+    reference = torch.nn.functional.linear(x, weight, offset)
+    (expected,) = torch.autograd.grad(reference.sin().sum(), x)
+    torch.testing.assert_close(ours, reference, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(grad, expected, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("network", ["tf32", "3xtf32"])
+def test_frozen_linear_under_reduced_precisions_matches_torch_linear(monkeypatch, network):
+    """The operands each reduced-precision product is given (their precision itself
+    applies on CUDA only: tests/uma/test_uma_cuda.py), value and input gradient."""
+    monkeypatch.setattr(precision, "network_precision", lambda x: network)
+    layer, weight, offset = _frozen_and_reference(bias=True)
     x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
     ours = layer(x)
     (grad,) = torch.autograd.grad(ours.sin().sum(), x)
