@@ -151,23 +151,12 @@ def _frozen_and_reference(bias: bool) -> tuple[precision.FrozenLinear, torch.Ten
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_frozen_linear_matches_torch_linear_and_its_input_gradient(bias):
-    layer, weight, offset = _frozen_and_reference(bias)
-    x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
-    ours = layer(x)
-    (grad,) = torch.autograd.grad(ours.sin().sum(), x)
-    reference = torch.nn.functional.linear(x, weight, offset)
-    (expected,) = torch.autograd.grad(reference.sin().sum(), x)
-    torch.testing.assert_close(ours, reference, rtol=1e-14, atol=1e-14)
-    torch.testing.assert_close(grad, expected, rtol=1e-14, atol=1e-14)
-
-
-@pytest.mark.parametrize("network", ["tf32", "3xtf32"])
-def test_frozen_linear_under_reduced_precisions_matches_torch_linear(monkeypatch, network):
-    """The operands each reduced-precision product is given (their precision itself
-    applies on CUDA only: tests/uma/test_uma_cuda.py), value and input gradient."""
+@pytest.mark.parametrize("network", ["float32", "tf32", "3xtf32"])
+def test_frozen_linear_matches_torch_linear_and_its_input_gradient(monkeypatch, network, bias):
+    """In every precision's products, given the operands each reads (their precision
+    itself applies on CUDA only: tests/uma/test_uma_cuda.py), value and input gradient."""
     monkeypatch.setattr(precision, "network_precision", lambda x: network)
-    layer, weight, offset = _frozen_and_reference(bias=True)
+    layer, weight, offset = _frozen_and_reference(bias)
     x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
     ours = layer(x)
     (grad,) = torch.autograd.grad(ours.sin().sum(), x)
