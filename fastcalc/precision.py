@@ -17,9 +17,8 @@ largest force. So a calculator call runs under :func:`matmul_precision`:
   attention) stay IEEE float32.
 
 The choice is read when a model's function is traced, and baked into the graph as the
-custom operators ``fastcalc::tf32_matmul``, ``fastcalc::tf32_linear``,
-``fastcalc::tf32_frozen_linear`` and ``fastcalc::tf32x3_linear`` (the linear maps add
-their bias in the same product), which
+custom operators ``fastcalc::tf32_matmul``, ``fastcalc::tf32_linear`` and
+``fastcalc::tf32x3_linear`` (the linear maps add their bias in the same product), which
 CUDA graphs record like any other. TF32 exists only on CUDA: elsewhere ``"tf32"`` and
 ``"3xtf32"`` compute what ``"float32"`` does, and so do the uncompiled calls a calculator
 answers in plain torch (:mod:`fastcalc.plain_torch`) while its compiled model loads.
@@ -210,40 +209,6 @@ _register_linear(_tf32_linear)
 _register_linear(_tf32x3_linear)
 
 
-@torch.library.custom_op("fastcalc::tf32_frozen_linear", mutates_args=())
-def _tf32_frozen_linear(
-    a: torch.Tensor, b: torch.Tensor, b_back: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """``a @ b + bias`` on TF32 tensor cores, as ``fastcalc::tf32_linear``, for a map with
-    fixed weights: differentiable in ``a`` only, its backward product ``grad @ b_back``
-    (``b_back`` holds ``b.mT``'s values in another layout, see :class:`FrozenLinear`)."""
-    with _tf32_products():
-        return _plain_linear(a, b, bias)
-
-
-@_tf32_frozen_linear.register_fake
-def _(
-    a: torch.Tensor, b: torch.Tensor, b_back: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-def _frozen_setup_context(
-    ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: object
-) -> None:
-    ctx.save_for_backward(inputs[2], inputs[1])
-
-
-def _frozen_backward(
-    ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-) -> tuple[torch.Tensor, None, None, None]:
-    b_back, b = ctx.saved_tensors
-    return _tf32_frozen_linear(grad, b_back, b, None), None, None, None
-
-
-_tf32_frozen_linear.register_autograd(_frozen_backward, setup_context=_frozen_setup_context)
-
-
 def network_precision(x: torch.Tensor) -> str:
     """The network's precision for products of ``x``: ``"float32"`` off CUDA or float32,
     and within :func:`fastcalc.plain_torch.plain_torch` (its products are custom
@@ -259,28 +224,31 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _tf32_matmul(a, b) if network_precision(a) == "tf32" else torch.matmul(a, b)
 
 
-class _TransposedForward(torch.autograd.Function):
-    """``x @ weight_t + bias`` of a frozen map whose backward pass multiplies by ``weight``
-    (``weight_t`` its transposed copy): both products then read a weight stored row-major
-    in the order cuBLAS's float32 kernels run fastest at small systems' edge counts."""
+class _FrozenProduct(torch.autograd.Function):
+    """``product(x, forward, bias)`` of a frozen map whose backward pass is
+    ``product(grad, backward, None)``: ``forward`` and ``backward`` hold the weight's
+    values (``backward`` is ``forward.mT``) in the layouts the precision's kernels run
+    fastest (:class:`FrozenLinear`). Differentiable in ``x`` only."""
 
     @staticmethod
     def forward(
         ctx: torch.autograd.function.FunctionCtx,
         x: torch.Tensor,
-        weight: torch.Tensor,
-        weight_t: torch.Tensor,
+        forward: torch.Tensor,
+        backward: torch.Tensor,
         bias: torch.Tensor | None,
+        product: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
     ) -> torch.Tensor:
-        ctx.save_for_backward(weight)
-        return _plain_linear(x, weight_t, bias)
+        ctx.save_for_backward(backward)
+        ctx.product = product
+        return product(x, forward, bias)
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None, None]:
-        (weight,) = ctx.saved_tensors
-        return grad @ weight, None, None, None
+    ) -> tuple[torch.Tensor, None, None, None, None]:
+        (backward,) = ctx.saved_tensors
+        return ctx.product(grad, backward, None), None, None, None, None
 
 
 def linear(
@@ -300,9 +268,9 @@ def linear(
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     if precision == "float32":
-        out = _TransposedForward.apply(flat, weight, weight_t, bias)
+        out = _FrozenProduct.apply(flat, weight_t, weight, bias, _plain_linear)
     elif precision == "tf32" and weight_t is not None:
-        out = _tf32_frozen_linear(flat, weight.t(), weight_t.t(), bias)
+        out = _FrozenProduct.apply(flat, weight.t(), weight_t.t(), bias, _tf32_linear)
     else:
         product = _tf32_linear if precision == "tf32" else _tf32x3_linear
         out = product(flat, weight.t(), bias)
@@ -316,7 +284,7 @@ def batched_products(
     precision (IEEE float32 under :func:`matmul_precision`); the backward pass multiplies
     by ``weight`` (B, N, K), ``weight_t``'s transpose stored row-major (see
     :class:`FrozenLinear`). Differentiable in ``x`` only."""
-    return _TransposedForward.apply(x, weight, weight_t, None)
+    return _FrozenProduct.apply(x, weight_t, weight, None, _plain_linear)
 
 
 class Linear(nn.Linear):

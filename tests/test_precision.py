@@ -91,7 +91,7 @@ def test_the_linear_maps_have_the_derivatives_of_a_linear_map(name, with_bias):
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_the_frozen_linear_map_has_the_input_derivatives_of_a_linear_map(with_bias):
+def test_the_frozen_tf32_map_has_the_input_derivatives_of_a_linear_map(with_bias):
     """Its weights are fixed: derivatives in the input only, first and second order."""
     generator = torch.Generator().manual_seed(2)
     a = torch.randn(5, 4, dtype=torch.float64, generator=generator, requires_grad=True)
@@ -100,20 +100,23 @@ def test_the_frozen_linear_map_has_the_input_derivatives_of_a_linear_map(with_bi
     weight_t = weight.t().contiguous()
 
     def frozen(x: torch.Tensor) -> torch.Tensor:
-        return precision._tf32_frozen_linear(x, weight.t(), weight_t.t(), bias)
+        return precision._FrozenProduct.apply(
+            x, weight.t(), weight_t.t(), bias, precision._tf32_linear
+        )
 
     torch.testing.assert_close(frozen(a), torch.nn.functional.linear(a, weight, bias))
     assert torch.autograd.gradcheck(frozen, (a,))
     assert torch.autograd.gradgradcheck(frozen, (a,))
 
 
-def test_the_frozen_linear_maps_backward_product_reads_its_third_operand():
+def test_a_frozen_maps_backward_product_reads_its_backward_operand():
     """The backward product multiplies by ``b_back``, the copy the caller stores for it
     (here deliberately unequal to ``b.mT``, so that reading ``b`` would show)."""
     a = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     b, b_back = torch.randn(4, 3, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
     grad = torch.randn(5, 3, dtype=torch.float64)
-    (ours,) = torch.autograd.grad(precision._tf32_frozen_linear(a, b, b_back, None), a, grad)
+    out = precision._FrozenProduct.apply(a, b, b_back, None, precision._tf32_linear)
+    (ours,) = torch.autograd.grad(out, a, grad)
     torch.testing.assert_close(ours, grad @ b_back)
 
 
