@@ -274,7 +274,7 @@ def linear(
     else:
         product = _tf32_linear if precision == "tf32" else _tf32x3_linear
         out = product(flat, weight.t(), bias)
-    return out.view(*x.shape[:-1], -1)
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def batched_products(
@@ -336,3 +336,14 @@ class FrozenLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` times the weight, plus the bias."""
         return linear(x, self.weight, self.bias, self.weight_t)
+
+
+def freeze_linears(module: nn.Module) -> nn.Module:
+    """``module`` with every :class:`Linear` below it replaced, in place, by a
+    :class:`FrozenLinear` of the same weights: for inference, where the weights are
+    fixed and each map's products take the layouts its precision runs fastest."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is Linear:
+                setattr(parent, name, FrozenLinear(child.weight, child.bias))
+    return module

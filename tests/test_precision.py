@@ -178,3 +178,33 @@ def test_frozen_linear_scale_and_assign_change_both_layouts():
     layer.assign(other)
     torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, other, 0.2 * offset))
     assert torch.equal(layer.weight_t, other.t())
+
+
+def test_freezing_a_module_keeps_its_values_and_input_gradients_and_plain_maps():
+    """:func:`precision.freeze_linears` replaces the network maps below a module (nested
+    too) by frozen ones and leaves torch's own ``nn.Linear`` alone."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        precision.Linear(6, 5),
+        torch.nn.SiLU(),
+        torch.nn.Sequential(torch.nn.Linear(5, 4), precision.Linear(4, 3, bias=False)),
+    ).double()
+    x = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    reference = module(x)
+    (expected,) = torch.autograd.grad(reference.sin().sum(), x)
+    frozen = precision.freeze_linears(module)
+    ours = frozen(x)
+    (grad,) = torch.autograd.grad(ours.sin().sum(), x)
+    torch.testing.assert_close(ours, reference, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(grad, expected, rtol=1e-14, atol=1e-14)
+    kinds = [type(m) for m in frozen.modules() if isinstance(m, (torch.nn.Linear, precision.FrozenLinear))]
+    assert kinds == [precision.FrozenLinear, torch.nn.Linear, precision.FrozenLinear]
+
+
+@pytest.mark.parametrize("network", ["float32", "tf32", "3xtf32"])
+def test_frozen_linear_maps_an_empty_batch_to_an_empty_batch(monkeypatch, network):
+    """A structure without neighbours gives maps inputs of no rows (PET's tokens)."""
+    monkeypatch.setattr(precision, "network_precision", lambda x: network)
+    layer, weight, offset = _frozen_and_reference(bias=True)
+    x = torch.zeros(1, 0, 7, dtype=torch.float64)
+    assert layer(x).shape == torch.nn.functional.linear(x, weight, offset).shape == (1, 0, 5)

@@ -41,6 +41,7 @@ from ..calculator import (
 from ..registry import resolve_model_path
 from ..compile_cache import tensors_digest
 from ..converted import converted
+from ..precision import freeze_linears
 from ..tracing import resolve_compile_mode
 from .core import PETCore
 from .energy import apply_reference
@@ -182,7 +183,8 @@ class CompiledPETCalculator(TorchCalculator):
             dtype=dtype,
             **kwargs,
         )
-        self.core = core.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        core = core.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        self.core = freeze_linears(core)
         self.metadata = metadata
         # the energy reference is applied on the host, in float64, after the single transfer
         self.reference = metadata.reference()

@@ -142,7 +142,7 @@ class MessageBlock(nn.Module):
         self.geometry = nn.Linear(4, d)  # geometry: IEEE float32 always
         if not first:
             self.neighbor_types = nn.Embedding(num_species, d)
-        self.mix_hidden = Linear((2 if first else 3) * d, d)
+        self.mix_hidden = nn.Linear((2 if first else 3) * d, d)  # read in slices only
         self.mix_out = Linear(d, d)
         self.layers = nn.ModuleList(TokenLayer(hypers) for _ in range(hypers.num_attention_layers))
 
@@ -155,7 +155,7 @@ class MessageBlock(nn.Module):
     ) -> torch.Tensor:
         """Edge tokens (n, K, d_pet); ``messages`` is (n, K, d_pet), or, for the first
         layer, the embedding whose rows of ``neighbor_types`` are the messages."""
-        d = self.mix_out.in_features
+        d = self.geometry.out_features
         weight, bias = self.mix_hidden.weight, self.mix_hidden.bias
         geometry_slice = weight[:, :d]
         hidden = nn.functional.linear(
