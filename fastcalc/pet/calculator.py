@@ -19,6 +19,7 @@ weights do not depend on them.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -85,7 +86,7 @@ def _load(
     ``folder`` (None: not kept), so that a later process skips metatomic's reader."""
     if isinstance(model, tuple):
         core, metadata = model
-        return core, metadata
+        return copy.deepcopy(core), metadata  # the caller's module stays as it was
     return converted(resolve_model_path(model), folder, load_pet, pack, unpack, "pet")
 
 
@@ -130,8 +131,8 @@ class CompiledPETCalculator(TorchCalculator):
 
     ``model`` is a bundled model name (see :func:`fastcalc.registry.resolve_model_path`),
     a path to a metatomic export (``.pt``) or metatrain checkpoint (``.ckpt``), or a
-    ``(PETCore, PETMetadata)`` pair as :func:`fastcalc.pet.load_pet` returns (the core
-    is moved to ``device`` and ``dtype`` in place). Models with system conditioning
+    ``(PETCore, PETMetadata)`` pair as :func:`fastcalc.pet.load_pet` returns (the
+    calculator works on a copy of the core; the pair is left as it was). Models with system conditioning
     read ``atoms.info["charge"]`` and the spin multiplicity
     (``atoms.info["spin_multiplicity"]`` or ``atoms.info["spin"]``); others ignore them.
 

@@ -160,6 +160,21 @@ def test_checkpoint_or_loaded_model(source, pet_models, loaded, reference):
     assert_matches(evaluated(make_structure("bulk"), calculator), reference("adaptive", "bulk"))
 
 
+def test_a_loaded_pair_is_left_as_it_was(pet_models):
+    """The calculator works on a copy: the caller's core keeps its maps, dtype and weights."""
+    from fastcalc.pet.load import load_pet
+
+    core, metadata = load_pet(pet_models["adaptive"].pt)
+    before = {name: tensor.clone() for name, tensor in core.state_dict().items()}
+    kinds = [type(module) for module in core.modules()]
+    CompiledPETCalculator((core, metadata), device="cpu", dtype="float64", compile_mode="eager")
+    assert [type(module) for module in core.modules()] == kinds
+    after = core.state_dict()
+    assert after.keys() == before.keys()
+    for name, tensor in before.items():
+        assert after[name].dtype == tensor.dtype and torch.equal(after[name], tensor), name
+
+
 def test_float32_calculator_is_close_to_upstream(pet_models, reference):
     calculator = CompiledPETCalculator(pet_models["fixed"].pt, device="cpu", compile_mode="eager")
     assert calculator.core.edge_type_embedding.weight.dtype == torch.float32
