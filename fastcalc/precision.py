@@ -309,8 +309,8 @@ class FrozenLinear(nn.Module):
     in TF32 the forward product reads ``weight.t()`` and the backward one
     ``weight_t.t()`` (at 78,848 rows up to 1.9x faster backward than ``grad @ weight``;
     a TF32 UMA-S call took 6.2 % less time at 1008 atoms, 4.8 % at 108, timed through a
-    probe making the same cuBLAS calls; H100, 2026-12-07). Write the weights through :meth:`assign` or :meth:`scale`, which keep
-    the copy equal.
+    probe making the same cuBLAS calls; H100, 2026-12-07). Write the weights through
+    :meth:`assign` or :meth:`scale`, which keep the copy equal.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:

@@ -197,7 +197,8 @@ def test_freezing_a_module_keeps_its_values_and_input_gradients_and_plain_maps()
     (grad,) = torch.autograd.grad(ours.sin().sum(), x)
     torch.testing.assert_close(ours, reference, rtol=1e-14, atol=1e-14)
     torch.testing.assert_close(grad, expected, rtol=1e-14, atol=1e-14)
-    kinds = [type(m) for m in frozen.modules() if isinstance(m, (torch.nn.Linear, precision.FrozenLinear))]
+    maps = (torch.nn.Linear, precision.FrozenLinear)
+    kinds = [type(m) for m in frozen.modules() if isinstance(m, maps)]
     assert kinds == [precision.FrozenLinear, torch.nn.Linear, precision.FrozenLinear]
 
 

@@ -132,8 +132,8 @@ class CompiledPETCalculator(TorchCalculator):
     ``model`` is a bundled model name (see :func:`fastcalc.registry.resolve_model_path`),
     a path to a metatomic export (``.pt``) or metatrain checkpoint (``.ckpt``), or a
     ``(PETCore, PETMetadata)`` pair as :func:`fastcalc.pet.load_pet` returns (the
-    calculator works on a copy of the core; the pair is left as it was). Models with system conditioning
-    read ``atoms.info["charge"]`` and the spin multiplicity
+    calculator works on a copy of the core; the pair is left as it was). Models with
+    system conditioning read ``atoms.info["charge"]`` and the spin multiplicity
     (``atoms.info["spin_multiplicity"]`` or ``atoms.info["spin"]``); others ignore them.
 
     ``compile_mode`` (see :func:`fastcalc.tracing.resolve_compile_mode`): ``"auto"``
