@@ -24,6 +24,7 @@ Padded edges need a cell with a non-zero vector; for a non-periodic system
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,12 @@ class PaddedEdges:
         return int(self.edge_mask.sum())
 
 
+def check_step(step: int, name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``step`` is a positive integer."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 1:
+        raise ValueError(f"{name} must be a positive integer, got {step!r}")
+
+
 def padded_size(count: int, step: int, fraction: int = ATOM_FRACTION) -> int:
     """``count`` rounded up to a multiple of ``max(step, 2 ** k)``, the largest power of
     two with ``2 ** k <= count / fraction`` (``fraction`` a power of two); zero becomes
@@ -71,8 +78,7 @@ def padded_size(count: int, step: int, fraction: int = ATOM_FRACTION) -> int:
 
     Padding adds less than ``max(step, count / fraction)``.
     """
-    if step < 1:
-        raise ValueError(f"the padding step must be positive, got {step}")
+    check_step(step, "the padding step")
     granule = max(step, 1 << max(count.bit_length() - fraction.bit_length(), 0))
     return max(granule, -(-count // granule) * granule)
 

@@ -33,7 +33,7 @@ from ase.calculators.calculator import (
 from ase.data import chemical_symbols
 from ase.stress import full_3x3_to_voigt_6_stress
 
-from .buckets import PaddedEdges, pad_edges, padding_cell, padding_shift
+from .buckets import PaddedEdges, check_step, pad_edges, padding_cell, padding_shift
 from .changes import system_changes
 from .geometry import energy_forces_stress
 from .compile_cache import CacheKey, CompileCache
@@ -54,6 +54,7 @@ __all__ = [
     "charge_and_spin",
     "resolve_device",
     "to_host",
+    "why_no_cuda",
 ]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -137,11 +138,28 @@ class Result:
         return cls(float(energy), forces, stress)
 
 
+def why_no_cuda() -> str | None:
+    """Why CUDA cannot be used here, or ``None`` when it can."""
+    if torch.cuda.is_available():
+        return None
+    return "torch was built without CUDA" if torch.version.cuda is None else "no GPU found"
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device``, or CUDA when available and CPU otherwise for ``None``."""
+    """``device``, or CUDA when available and CPU otherwise for ``None``. A CUDA device
+    that this machine lacks raises ``ValueError`` saying so, before any model is loaded."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    resolved = torch.device(device)
+    if resolved.type != "cuda":
+        return resolved
+    if (why := why_no_cuda()) is not None:
+        raise ValueError(f"device={str(device)!r}: CUDA is not available here ({why}); "
+                         "use device='cpu'")
+    if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise ValueError(f"device={str(device)!r}: this machine has "
+                         f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
+    return resolved
 
 
 def check_positions(atoms: Atoms) -> None:
@@ -828,6 +846,7 @@ class PotentialCalculator(TorchCalculator):
     def __init__(
         self, energy_fn: EnergyFunction, cutoff: float, *, bucket_size: int = 1024, **kwargs
     ) -> None:
+        check_step(bucket_size, "bucket_size")
         super().__init__(cutoff, **kwargs)
         self.energy_fn = energy_fn
         self.bucket_size = bucket_size

@@ -38,7 +38,7 @@ from .bench.suite import (
     run_throughput,
 )
 from .bench.timing import COPPER_REPEATS
-from .calculator import InvalidAtomsError, TorchCalculator
+from .calculator import InvalidAtomsError, TorchCalculator, why_no_cuda
 from .compile_cache import CONVERTED, CompileCache
 from .precision import PRECISIONS
 from .md import (
@@ -252,8 +252,7 @@ def _device(requested: str | None) -> str:
     """The device to run on: ``requested``, or CUDA when available; CUDA must be there."""
     if requested is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        why = "torch was built without CUDA" if torch.version.cuda is None else "no GPU found"
+    if requested == "cuda" and (why := why_no_cuda()) is not None:
         raise UsageError(f"--device cuda: CUDA is not available here ({why}); use --device cpu")
     return requested
 

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .buckets import check_step
 from .nvalchemiops_import import import_neighbor_list
 from .stderr_filter import NO_CUDA_DRIVER_NOTICE, dropping_stderr_lines
 
@@ -430,6 +431,8 @@ class VerletNeighborList:
     ) -> None:
         if cutoff <= 0 or skin < 0:
             raise ValueError(f"need cutoff > 0 and skin >= 0, got {cutoff=} and {skin=}")
+        if max_neighbors is not None:
+            check_step(max_neighbors, "max_neighbors")
         self.cutoff = float(cutoff)
         self.skin = float(skin)
         self.max_neighbors = max_neighbors

@@ -143,6 +143,29 @@ def test_unknown_dtype_is_refused():
         morse_calculator(dtype="float16")
 
 
+def test_a_cuda_device_this_machine_lacks_is_refused_naming_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device='cuda': CUDA is not available here \(.*\); "
+                                         r"use device='cpu'"):
+        PotentialCalculator(morse_energy, CUTOFF, device="cuda")
+
+
+def test_a_cuda_device_number_beyond_the_machine_s_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"device='cuda:1': this machine has 1 CUDA device"):
+        PotentialCalculator(morse_energy, CUTOFF, device="cuda:1")
+
+
+@pytest.mark.parametrize(
+    "setting", [{"bucket_size": 0}, {"bucket_size": -5}, {"bucket_size": 2.5}, {"max_neighbors": 0}]
+)
+def test_a_padding_step_or_neighbour_limit_below_one_is_refused_when_built(setting):
+    (name, value), = setting.items()
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer, got {value}"):
+        morse_calculator(**setting)
+
+
 def test_a_misspelt_keyword_is_refused_with_the_known_name():
     with pytest.raises(TypeError, match=r"'skinn' \(did you mean 'skin'\?\)"):
         morse_calculator(skinn=1.0)

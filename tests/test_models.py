@@ -115,3 +115,21 @@ def test_an_unknown_file_names_a_registered_family_too(tmp_path):
 def test_a_family_name_is_registered_once():
     with pytest.raises(ValueError, match="'toy' is already registered"):
         register(registry.families()["toy"])
+
+
+@pytest.mark.parametrize("family", ["pet", "uma"])
+def test_a_missing_gpu_is_named_before_the_model_file_is_read(family, monkeypatch, tmp_path):
+    """The check comes first: a file that does not exist is not even looked for."""
+    from fastcalc import BucketedCalculator, CompiledPETCalculator
+
+    calculator = {"pet": CompiledPETCalculator, "uma": BucketedCalculator}[family]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="CUDA is not available here"):
+        calculator(tmp_path / "missing.pt", device="cuda")
+
+
+def test_a_bucket_size_below_one_is_refused_before_the_checkpoint_is_read(tmp_path):
+    from fastcalc import BucketedCalculator
+
+    with pytest.raises(ValueError, match="bucket_size must be a positive integer, got 0"):
+        BucketedCalculator(tmp_path / "missing.pt", bucket_size=0, device="cpu")

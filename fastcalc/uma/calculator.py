@@ -22,8 +22,12 @@ import numpy as np
 import torch
 from ase import Atoms
 
-from ..buckets import EDGE_FRACTION, atom_mask, pad_atoms, pad_edges, pad_systems, padded_size
-from ..calculator import InvalidAtomsError, Result, System, TorchCalculator, to_host
+from ..buckets import (
+    EDGE_FRACTION, atom_mask, check_step, pad_atoms, pad_edges, pad_systems, padded_size,
+)
+from ..calculator import (
+    InvalidAtomsError, Result, System, TorchCalculator, resolve_device, to_host,
+)
 from ..compile_cache import tensors_digest
 from ..demo_models import FITTED_ELEMENTS
 from ..geometry import edge_vectors
@@ -155,6 +159,8 @@ class BucketedCalculator(TorchCalculator):
                 stacklevel=2,
             )
             compile_mode = "eager"
+        check_step(bucket_size, "bucket_size")
+        device = resolve_device(device)  # a missing GPU is named before the checkpoint loads
         name = str(checkpoint) if isinstance(checkpoint, (str, Path)) else type(checkpoint).__name__
         fitted = None
         if isinstance(checkpoint, (str, Path)):
