@@ -117,14 +117,18 @@ def test_bench_rejects_bad_arguments(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_an_unknown_contender_is_one_line_naming_the_choices(tmp_path, capsys):
+def test_an_unknown_contender_is_one_line_naming_the_choices_and_leaves_no_folder(
+    tmp_path, capsys
+):
+    out = tmp_path / "records"
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "uma", "--small", "--device", "cpu", "--out", str(tmp_path),
+        main(["bench", "uma", "--small", "--device", "cpu", "--out", str(out),
               "--contenders", "fastcalc", "mace"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "no contender mace here; choose from fairchem, fairchem-general" in err
     assert len(err.splitlines()) == 1
+    assert not out.exists()
 
 
 def test_throughput_of_one_contender_times_it_alone(tmp_path, capsys):

@@ -346,7 +346,6 @@ def run_benchmark(
     ``.png``; the records are rewritten after each size, so a failure keeps earlier ones.
     ``contenders`` times only those of the contest (default: all)."""
     _torch_settings()
-    out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     records: list[BenchRecord] = []
     with _contest(name, device, small) as contest:
@@ -377,7 +376,6 @@ def run_stream(
     """The ``stream`` workload for models ``names`` (keys of ``MODELS``): write
     ``{out}/stream.json`` (rewritten after each model) and ``stream.png``."""
     _torch_settings()
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "stream.json"
     structures = stream_structures(small)
     records: list[StreamRecord] = []
@@ -418,7 +416,6 @@ def run_first_result(
     """The ``first-result`` workload for models ``names`` (keys of ``MODELS``): write
     ``{out}/first_result.json`` (rewritten after each model) and print a table.
     ``contenders`` times only those of fastcalc and the upstream (default: both)."""
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "first_result.json"
     records: list[FirstResultRecord] = []
     for name in names:
@@ -467,7 +464,6 @@ def run_throughput(
     the GPU's memory to itself in a process of its own.
     """
     _torch_settings()
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "throughput.json"
     sets = throughput_sets(small)
     records: list[ThroughputRecord] = []

@@ -193,7 +193,9 @@ def time_calculators(
 
 
 def write_records(records: Iterable[object], path: str | Path) -> None:
-    """Write records (dataclasses: ``BenchRecord``, ``StreamRecord``) as a JSON list."""
+    """Write records (dataclasses: ``BenchRecord``, ``StreamRecord``) as a JSON list,
+    making its folder: a run that stops before its first record leaves no folder behind."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps([asdict(r) for r in records], indent=1) + "\n")
 
 
