@@ -337,8 +337,11 @@ def _screen(args: argparse.Namespace) -> None:
                  resume=args.resume)
     structures = _frames(args.input)
     device = _device(args.device)
-    factory = partial(load_calculator, _model_path(args.model), task=args.task, device=device,
+    path = _model_path(args.model)
+    factory = partial(load_calculator, path, task=args.task, device=device,
                       dtype=args.dtype, precision=args.precision)
+    # a bundled model by its name, a file by its full path: the same wherever a resume runs
+    model = args.model if args.model in DEMO_MODELS else str(path.resolve())
     where = f"{args.workers} Ray workers" if args.workers else "one process"
     what = (f"relaxing (FIRE to fmax {args.fmax:g} eV/A within {args.max_steps} steps)"
             if args.relax else "evaluating")
@@ -349,6 +352,8 @@ def _screen(args: argparse.Namespace) -> None:
             structures, factory, out, relax=args.relax, fmax=args.fmax,
             max_steps=args.max_steps, workers=args.workers,
             gpus_per_worker=1 if device == "cuda" else 0, resume=args.resume,
+            settings={"model": model, "task": args.task, "dtype": args.dtype,
+                      "precision": args.precision},
         )
     except (KeyboardInterrupt, WorkerDiedError) as error:
         interrupted = isinstance(error, KeyboardInterrupt)

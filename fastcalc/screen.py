@@ -6,9 +6,10 @@ evaluates batches takes many structures per model call instead, in runs of
 :data:`SCREEN_BATCH_ATOMS` atoms: through ``evaluate_many``, and for relaxations through
 :func:`fastcalc.relax.irelax`, step for step the same FIRE) and appends each
 result to an extended XYZ file as soon as it finishes, flushed, tagged with its input index
-(``info["screen_index"]``). A run that is killed keeps what it wrote, and
-``resume=True`` does only the indices the file lacks. A structure the model cannot
-evaluate is written with its error (``info["screen_error"]``) and the run goes on.
+(``info["screen_index"]``) and with what made it (``info["screen_relax"]``, ...). A run
+that is killed keeps what it wrote, and ``resume=True`` does only the indices the file
+lacks, with the same settings. A structure the model cannot evaluate is written with its
+error (``info["screen_error"]``) and the run goes on.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import io
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from functools import partial
@@ -71,9 +72,9 @@ _RESULT_KEYS = ("energy", "free_energy", "stress", "forces")
 
 
 class ScreenSetupError(ValueError):
-    """A screen that cannot start: an output that is not extended XYZ or that exists without
-    ``resume``, a tolerance or step count that cannot be met, workers without Ray or beyond
-    the cluster's CPUs or GPUs."""
+    """A screen that cannot start: an output that is not extended XYZ, that exists without
+    ``resume`` or that other settings wrote, a tolerance or step count that cannot be met,
+    workers without Ray or beyond the cluster's CPUs or GPUs."""
 
 
 class WorkerDiedError(RuntimeError):
@@ -228,9 +229,35 @@ def _complete_bytes(path: Path) -> int:
     return complete
 
 
-def _indices_done(out: Path) -> set[int]:
+Setting = str | int | float | bool
+
+
+def _recorded(
+    relax: bool, fmax: float, max_steps: int, settings: Mapping[str, Setting | None]
+) -> dict[str, Setting]:
+    """The ``info`` entries that say what made a screen's results: ``settings`` (those not
+    None) and the relaxation's, each as ``screen_<name>``."""
+    made_by = {**settings, "relax": relax}
+    if relax:
+        made_by.update(fmax=fmax, max_steps=max_steps)
+    return {f"screen_{name}": value for name, value in made_by.items() if value is not None}
+
+
+def _other_settings(info: dict[str, Any], recorded: dict[str, Setting]) -> list[str]:
+    """``"name OLD in the file, NEW now"`` for each of ``recorded`` that ``info`` holds
+    with another value or lacks (compared as text, as extended XYZ writes them)."""
+    return [
+        f"{key.removeprefix('screen_')} {info.get(key)!s} in the file, {value!s} now"
+        for key, value in recorded.items()
+        if str(info.get(key)) != str(value)
+    ]
+
+
+def _indices_done(out: Path, recorded: dict[str, Setting]) -> set[int]:
     """The ``screen_index`` of every complete frame in ``out``; a part of a frame at its
-    end is cut off (with a warning) so that new frames follow complete ones."""
+    end is cut off (with a warning) so that new frames follow complete ones. A frame made
+    with settings other than ``recorded`` raises :class:`ScreenSetupError`: its results
+    and this run's would not be one screen."""
     complete = _complete_bytes(out)
     if complete < out.stat().st_size:
         warnings.warn(f"{str(out)!r} ends in an incomplete frame (the run was killed while "
@@ -242,6 +269,12 @@ def _indices_done(out: Path) -> set[int]:
         if "screen_index" not in atoms.info:
             raise ScreenSetupError(f"frame {number} of {str(out)!r} has no screen_index: it "
                                    f"is not the output of a screen")
+        if changed := _other_settings(atoms.info, recorded):
+            raise ScreenSetupError(
+                f"frame {number} of {str(out)!r} was made with other settings "
+                f"({'; '.join(changed)}): resume with the settings that made it, or write "
+                f"elsewhere"
+            )
         done.add(int(atoms.info["screen_index"]))
     return done
 
@@ -438,6 +471,7 @@ def screen(
     gpus_per_worker: float = 0.0,
     resume: bool = False,
     progress: bool = True,
+    settings: Mapping[str, Setting | None] | None = None,
 ) -> ScreenSummary:
     """Evaluate (or, with ``relax``, relax) every structure with :func:`screen_structure`,
     appending each result to the extended XYZ file ``out`` as it finishes.
@@ -449,15 +483,19 @@ def screen(
     FIRE), their results in the order they finish too; each worker takes such runs.
     ``calculator_factory()`` builds a calculator: once in this process (``workers=None``),
     or once in each of ``workers`` Ray actors (each with one CPU and ``gpus_per_worker``
-    GPUs; the factory must pickle). An existing ``out`` is refused unless ``resume``,
-    which skips the indices it holds. A
+    GPUs; the factory must pickle). Each frame records ``relax`` (and with it ``fmax`` and
+    ``max_steps``) and ``settings`` (what else made the results, such as the model and its
+    dtype; None values are left out) as ``info["screen_<name>"]``. An existing ``out`` is
+    refused unless ``resume``, which skips the indices it holds, and refused then too if a
+    frame records other settings. A
     progress bar shows structures per second unless ``progress`` is False. Raises
     :class:`ScreenSetupError` before any model loads if the screen cannot start
     (:func:`check_screen`), and :class:`WorkerDiedError` at the end if a worker died.
     """
     out = Path(out)
     check_screen(out, fmax=fmax, max_steps=max_steps, workers=workers, resume=resume)
-    done = _indices_done(out) if resume and out.is_file() else set()
+    recorded = _recorded(relax, fmax, max_steps, settings or {})
+    done = _indices_done(out, recorded) if resume and out.is_file() else set()
     skipped = 0
 
     def todo() -> Iterator[tuple[int, Atoms]]:
@@ -486,6 +524,7 @@ def screen(
         for result in results:
             if handle is None:
                 handle = stack.enter_context(open(out, "a"))
+            result.info.update(recorded)
             _append(handle, result)
             counts["failed" if "screen_error" in result.info else "done"] += 1
             bar.set_postfix(counts, refresh=False)

@@ -254,6 +254,19 @@ def test_screen_command_writes_every_structure_with_its_index(tmp_path, monkeypa
     assert "does not support Au" in failed[0].info["screen_error"]
 
 
+def test_a_screen_resumed_with_another_model_is_refused_naming_both(tmp_path, capsys):
+    out = tmp_path / "out.extxyz"
+    main(["screen", screen_input(tmp_path), "--device", "cpu", "--out", str(out)])
+    assert {(frame.info["screen_model"], frame.info["screen_dtype"])
+            for frame in read(out, ":", format="extxyz")} == {("pet-demo-cu", "float32")}
+    capsys.readouterr()
+    written = out.read_bytes()
+    line = refused(capsys, ["screen", screen_input(tmp_path), "--device", "cpu", "--out",
+                            str(out), "--resume", "--model", "uma-demo-cu"])
+    assert "made with other settings (model pet-demo-cu in the file, uma-demo-cu now)" in line
+    assert out.read_bytes() == written
+
+
 def test_screen_builds_its_calculator_with_the_precision_asked_for(tmp_path, monkeypatch):
     built = []
 

@@ -227,6 +227,42 @@ def test_resume_drops_a_half_written_last_frame_and_redoes_it(calculator, tmp_pa
     assert_results_equal(frames[1], direct(inputs[1], calculator))
 
 
+def test_each_frame_records_what_made_it(tmp_path):
+    out = tmp_path / "out.extxyz"
+    screen(structures()[:2], EMT, out, relax=True, fmax=0.1, max_steps=3,
+           settings={"model": "emt", "task": None}, progress=False)
+    for frame in read(out, ":", format="extxyz"):
+        made_by = {key: value for key, value in frame.info.items() if key.startswith("screen_")}
+        assert made_by == {"screen_index": made_by["screen_index"], "screen_model": "emt",
+                           "screen_relax": True, "screen_fmax": 0.1, "screen_max_steps": 3,
+                           "screen_steps": made_by["screen_steps"],
+                           "screen_converged": made_by["screen_converged"]}
+
+
+@pytest.mark.parametrize(
+    "changed, message",
+    [({"settings": {"model": "other"}}, "model emt in the file, other now"),
+     ({"fmax": 0.05}, "fmax 0.1 in the file, 0.05 now"),
+     ({"relax": False}, "relax True in the file, False now")],
+    ids=["model", "fmax", "relax"],
+)
+def test_a_resume_with_other_settings_is_refused_before_the_model_loads(changed, message,
+                                                                       tmp_path):
+    def no_model():
+        raise AssertionError("the model was loaded")
+
+    out = tmp_path / "out.extxyz"
+    settings = {"relax": True, "fmax": 0.1, "max_steps": 3, "settings": {"model": "emt"}}
+    screen(structures()[:2], EMT, out, progress=False, **settings)
+    written = out.read_bytes()
+    with pytest.raises(ScreenSetupError, match=re.escape(f"other settings ({message})")):
+        screen(structures(), no_model, out, resume=True, progress=False,
+               **{**settings, **changed})
+    assert out.read_bytes() == written
+    summary = screen(structures(), EMT, out, resume=True, progress=False, **settings)
+    assert (summary.done, summary.skipped) == (2, 2)
+
+
 def test_nothing_is_loaded_or_written_for_a_screen_that_cannot_start(tmp_path):
     def no_model():
         raise AssertionError("the model was loaded")
