@@ -71,6 +71,9 @@ MAX_IMAGES = 100_000
 #: by a shell of neighbours, a thin slab's by a layer, so before searching only an estimate
 #: this many times ``max_neighbors`` is refused (the search itself checks the exact count).
 _ESTIMATE_MARGIN = 2.0
+#: How far (Å) an atom reaches beyond its centre along a non-periodic axis, for the density
+#: of the region the atoms occupy: a lone atom, a flat or linear molecule still fill some.
+_ATOM_REACH = 1.0
 
 
 class NeighborOverflowError(ValueError):
@@ -263,7 +266,7 @@ class Crowding(NamedTuple):
     (:func:`estimate_crowding`)."""
 
     neighbors: float  # mean neighbours per atom: density times the sphere's volume
-    density: float  # atoms per Å³ of the region the atoms occupy
+    density: float  # atoms per Å³ of the region the atoms occupy (their extent + _ATOM_REACH)
     heights: tuple[float, ...]  # the cell's heights along its periodic axes, Å
     images: float  # periodic images of each atom the search visits
 
@@ -275,14 +278,15 @@ def estimate_crowding(
     one system, from its cell and the atoms' extent, without searching.
 
     The region the atoms occupy is the cell along periodic axes and, along the others, the
-    atoms' extent widened to at least ``2 * radius``; its mean density times the sphere's
-    volume is the mean count of a uniform system. Real structures have about that many
-    (crystals: within a shell of neighbours) or fewer (vacuum lowers the density; an extent
-    measured between atom centres raises it by at most a layer's spacing over
-    ``2 * radius``), so a large estimate means wrong units or piled-up atoms. A height ``h`` of
-    the cell (the distance between its lattice planes) makes the search visit
-    ``2 * ceil(radius / h) + 1`` images along that axis; a nearly degenerate cell has
-    tiny heights. The periodic vectors must be linearly independent.
+    atoms' extent and ``_ATOM_REACH`` beyond it on each side: the density is theirs. For the
+    neighbours that extent is widened to at least ``2 * radius`` instead; the mean density
+    of that region times the sphere's volume is the mean count of a uniform system. Real
+    structures have about that many (crystals: within a shell of neighbours) or fewer
+    (vacuum lowers the density; an extent measured between atom centres raises it by at most
+    a layer's spacing over ``2 * radius``), so a large estimate means wrong units or piled-up
+    atoms. A height ``h`` of the cell (the distance between its lattice planes) makes the
+    search visit ``2 * ceil(radius / h) + 1`` images along that axis; a nearly degenerate
+    cell has tiny heights. The periodic vectors must be linearly independent.
     """
     return _crowding(len(positions), positions, cell, pbc, radius)
 
@@ -304,10 +308,11 @@ def _crowding(
     if len(normals) and atoms:
         coords = np.asarray(positions, dtype=np.float64) @ normals.T
         extents = np.ptp(coords, axis=0)
-    region = volume * np.prod(np.maximum(extents, 2 * radius))
-    density = atoms / region
+    sphere = 4 / 3 * math.pi * radius**3
+    neighbors = atoms / (volume * np.prod(np.maximum(extents, 2 * radius))) * sphere
+    density = atoms / (volume * np.prod(extents + 2 * _ATOM_REACH))
     images = float(np.prod([2 * math.ceil(radius / h) + 1 for h in heights]))
-    return Crowding(density * 4 / 3 * math.pi * radius**3, density, heights, images)
+    return Crowding(float(neighbors), float(density), heights, images)
 
 
 def _refuse_crowded(

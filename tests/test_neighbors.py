@@ -188,10 +188,22 @@ def test_a_batch_names_the_system_it_refuses():
     system_index = torch.repeat_interleave(torch.arange(2), torch.tensor([len(a) for a in systems]))
     neighbor_list(positions[:7], cells[:1], pbcs[:1], 4.0, system_index=system_index[:7],
                   max_neighbors=4096)  # the first system alone passes
-    # a 3 Å extent widened to 2 x 4 Å per axis: 1500 / 8³ = 2.93 atoms/Å³, times 4/3 π 4³
+    # neighbours: a 3 Å extent widened to 2 x 4 Å per axis, 1500 / 8³ times 4/3 π 4³; density:
+    # the extent and 1 Å beyond it on each side, 1500 / 5³
     with pytest.raises(NeighborOverflowError, match=r"in system 1: about 785 neighbours "
-                       r"within 4 Å expected per atom \(a mean density of 2\.93 atoms/Å³\)"):
+                       r"within 4 Å expected per atom \(a mean density of 12 atoms/Å³\)"):
         neighbor_list(positions, cells, pbcs, 4.0, system_index=system_index, max_neighbors=4096)
+
+
+@pytest.mark.parametrize("pbc", [True, False], ids=["periodic", "cluster"])
+def test_atoms_in_the_wrong_units_are_refused_whether_periodic_or_not(pbc):
+    """400 atoms in a 3 Å cube: 15 atoms/Å³ in the cell; as a cluster, 400 / 5³ = 3.2
+    atoms/Å³ of its extent and 1 Å beyond it on each side (few neighbours are expected:
+    the neighbour estimate widens a cluster to a sphere's width)."""
+    atoms = Atoms("Cu400", positions=np.random.default_rng(0).random((400, 3)) * 3.0,
+                  cell=np.eye(3) * 3.0, pbc=pbc)
+    with pytest.raises(NeighborOverflowError, match="no matter is denser than about 2 atoms/Å³"):
+        ours(atoms, 5.5, max_neighbors=4096)
 
 
 def thin(atoms):
