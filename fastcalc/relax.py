@@ -150,6 +150,7 @@ class _Running:
         if the structure is done (converged, out of steps or failed), else None after
         moving it one FIRE step."""
         if "error" in result:
+            self.atoms.calc = None  # the results held are the previous geometry's
             return Relaxed(self.atoms, self.steps, False, result["error"])
         self.atoms.calc = SinglePointCalculator(self.atoms, **result)
         gradient = self.optimizable.get_gradient()

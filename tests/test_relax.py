@@ -118,6 +118,25 @@ def test_a_bad_structure_gets_its_error_and_the_others_relax(calc):
         assert_matches_ase(relaxed, atoms, *ase_fire(calc, atoms))
 
 
+def test_a_structure_that_fails_midway_is_returned_where_it_failed_without_results():
+    """A cell that shrinks past the neighbour limit: ASE's FIRE on the same calculator
+    stops with the same error at the same geometry."""
+    atoms = crystal(1, seed=0, a=4.3)
+    (relaxed,) = relax_many([atoms], morse_calculator(max_neighbors=60), fmax=0.01, cell=True,
+                            progress=False)
+    reference = atoms.copy()
+    reference.calc = morse_calculator(max_neighbors=60)
+    optimizer = FIRE(FrechetCellFilter(reference), logfile=None)
+    with pytest.raises(InvalidAtomsError, match="more than the limit of 60") as raised:
+        optimizer.run(fmax=0.01)
+    assert relaxed.steps == optimizer.nsteps > 0
+    assert str(relaxed.error) == str(raised.value)
+    np.testing.assert_allclose(relaxed.atoms.cell.array, reference.cell.array, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(relaxed.atoms.positions, reference.positions, rtol=0, atol=1e-8)
+    assert (relaxed.energy, relaxed.forces, relaxed.stress) == (None, None, None)
+    assert relaxed.atoms.calc is None
+
+
 def test_a_cell_relaxation_needs_a_cell_with_volume(calc):
     molecule = cluster()
     molecule.cell = [10.0, 10.0, 0.0]
