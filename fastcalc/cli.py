@@ -258,7 +258,8 @@ def _device(requested: str | None) -> str:
 
 
 def _structure(path: str | None, small: bool) -> Atoms:
-    """The atoms in the file at ``path`` (its first frame), or the default fcc copper."""
+    """The atoms in the file at ``path`` (its last frame, as ``ase.io.read`` gives: where a
+    trajectory ended), or the default fcc copper."""
     if path is None:
         return default_structure(2 if small else 3)
     if not Path(path).is_file():
@@ -281,10 +282,14 @@ def _model_path(model: str) -> Path:
 
 
 def _md(args: argparse.Namespace) -> None:
+    # every mistake that can be found before the model loads is
     atoms = _structure(args.structure, args.small)
+    for option, path in (("--output", args.output), ("--log", args.log)):
+        if args.structure and path and Path(path).resolve() == Path(args.structure).resolve():
+            raise UsageError(f"{option} {path!r} is the input structure; write it elsewhere")
     steps = args.steps if args.steps is not None else (20 if args.small else 100)
     check_run(atoms, steps=steps, timestep_fs=args.timestep, temperature_K=args.temperature,
-              ensemble=args.ensemble, trajectory=args.output)  # before the model loads
+              ensemble=args.ensemble, trajectory=args.output, log=args.log)
     device = _device(args.device)
     path = _model_path(args.model)
     calculator = load_calculator(path, task=args.task, device=device, dtype=args.dtype,

@@ -118,9 +118,10 @@ def check_run(
     temperature_K: float,
     ensemble: str,
     trajectory: str | Path | None = None,
+    log: str | Path | None = None,
 ) -> None:
-    """Raise :class:`MDSetupError` naming what makes this run meaningless; cheap, so
-    that a command line can check before it loads a model."""
+    """Raise :class:`MDSetupError` naming what makes this run meaningless or its files
+    unwritable; cheap, so that a command line can check before it loads a model."""
     if steps < 1:
         raise MDSetupError(f"steps must be at least 1, got {steps}")
     if not timestep_fs > 0:
@@ -135,6 +136,10 @@ def check_run(
         )
     if trajectory:
         trajectory_format(trajectory)
+    for what, path in (("trajectory", trajectory), ("log", log)):
+        if path and not Path(path).parent.is_dir():
+            raise MDSetupError(f"no folder {str(Path(path).parent)!r} for the {what} "
+                               f"{str(path)!r}")
 
 
 def _integrator(
@@ -182,12 +187,13 @@ def run_md(
     """Run ``steps`` of MD from velocities drawn at ``temperature_K``.
 
     Writes every ``interval``-th frame (positions, energy, forces) to ``trajectory``
-    (ASE trajectory for ``.traj``, extended XYZ for ``.xyz`` and ``.extxyz``) and ASE's MD
-    log to ``log`` when given. Raises :class:`MDSetupError` before anything runs if the
-    run cannot mean anything (see :func:`check_run`).
+    (ASE trajectory for ``.traj``, extended XYZ for ``.xyz`` and ``.extxyz``; an existing
+    file is overwritten) and appends ASE's MD log to ``log`` when given. Raises
+    :class:`MDSetupError` before anything runs if the run cannot mean anything or a file
+    cannot be written (see :func:`check_run`).
     """
     check_run(atoms, steps=steps, timestep_fs=timestep_fs, temperature_K=temperature_K,
-              ensemble=ensemble, trajectory=trajectory)
+              ensemble=ensemble, trajectory=trajectory, log=log)
     atoms.calc = calculator
     thermalize_momenta(atoms, temperature_K, rng=np.random.default_rng(seed))
     Stationary(atoms)

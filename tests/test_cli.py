@@ -77,12 +77,17 @@ def cluster(folder) -> str:
         (lambda d: ["--output", str(d / "md.pdb")], "use .traj, .xyz, .extxyz"),
         (lambda d: ["--output", str(d / "md.foo")], "use .traj, .xyz, .extxyz"),
         (lambda d: ["--steps", "many"], "argument --steps: invalid int value: 'many'"),
+        (lambda d: ["--output", str(d / "nowhere" / "md.xyz")], "no folder '"),
+        (lambda d: ["--log", str(d / "nowhere" / "md.log")], "no folder '"),
+        (lambda d: [structure_file(d, name="run.xyz"), "--output", str(d / "run.xyz")],
+         "is the input structure; write it elsewhere"),
     ],
     ids=["missing structure", "empty structure file", "structure without atoms",
          "missing model file", "misspelt model", "element the model lacks",
          "npt without periodicity", "unknown uma task", "task for pet", "zero steps",
          "negative steps", "zero timestep", "negative timestep", "negative temperature",
-         "pdb output", "unknown output suffix", "steps not a number"],
+         "pdb output", "unknown output suffix", "steps not a number",
+         "output in a missing folder", "log in a missing folder", "output is the input"],
 )
 def test_a_mistake_is_one_line_and_exit_status_2(argv, message, tmp_path, capsys):
     line = refused(capsys, ["md", *argv(tmp_path), "--small", "--device", "cpu"])

@@ -62,6 +62,8 @@ def test_unknown_ensemble_is_refused():
         (dict(timestep_fs=-1.0), "the timestep must be positive, got -1 fs"),
         (dict(temperature_K=-5.0), "the temperature must not be negative, got -5 K"),
         (dict(trajectory="md.pdb"), r"cannot write an MD trajectory .* to 'md.pdb': use .traj"),
+        (dict(trajectory="nowhere/md.xyz"), "no folder 'nowhere' for the trajectory"),
+        (dict(log="nowhere/md.log"), "no folder 'nowhere' for the log 'nowhere/md.log'"),
     ],
 )
 def test_a_run_that_cannot_mean_anything_is_refused_before_it_starts(options, message):
