@@ -61,6 +61,8 @@ def test_eager_vs_compiled_notebook_runs(monkeypatch):
         (n, impl) for n in (32, 108) for impl in ("eager", "compiled")
     }
     assert all(r.median_ms > 0 for r in namespace["records"])
+    stats = namespace["built"]["compiled"].compile_stats  # the timed calls ran compiled
+    assert stats["compilations"] + stats["from_cache"] == 1 and stats["building"] == 0
 
 
 def test_surface_energies_of_the_uma_demo_model_match_emt():
