@@ -63,6 +63,9 @@ PRECISION_HELP = ("float32: IEEE float32 throughout; tf32: the network's matrix 
                   "its linear maps as three TF32 products each (CUDA, float32's accuracy)")
 #: What ``fastcalc bench`` times.
 WORKLOADS = ("sizes", "stream", "first-result", "throughput")
+#: Where ``compile`` and ``cache`` find the disk cache (:mod:`fastcalc.compile_cache`).
+_CACHE_DIR_HELP = ("the cache folder (default: $FASTCALC_CACHE_DIR, else "
+                   "$XDG_CACHE_HOME/fastcalc, else ~/.cache/fastcalc)")
 
 
 class UsageError(Exception):
@@ -221,17 +224,13 @@ def _parser() -> argparse.ArgumentParser:
                           help="also compile the function that evaluates batches of "
                                "structures (evaluate_many, relax_many, fastcalc screen): "
                                "a second compilation")
-    compile_.add_argument("--cache-dir", type=Path, metavar="FOLDER",
-                          help="the cache folder (default: $FASTCALC_CACHE_DIR or "
-                               "~/.cache/fastcalc)")
+    compile_.add_argument("--cache-dir", type=Path, metavar="FOLDER", help=_CACHE_DIR_HELP)
     cache = commands.add_parser(
         "cache", formatter_class=_HelpFormatter,
         help="list or clear the disk cache of compiled models",
     )
     cache.add_argument("action", choices=("list", "clear"))
-    cache.add_argument("--cache-dir", type=Path, metavar="FOLDER",
-                       help="the cache folder (default: $FASTCALC_CACHE_DIR or "
-                            "~/.cache/fastcalc)")
+    cache.add_argument("--cache-dir", type=Path, metavar="FOLDER", help=_CACHE_DIR_HELP)
     cache.set_defaults(debug=False, threads=None)
     return parser
 
@@ -440,17 +439,20 @@ def _compile(args: argparse.Namespace) -> None:
 def _cache(args: argparse.Namespace) -> None:
     cache = CompileCache(args.cache_dir)
     if args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.folder}")
+        print(f"removed {cache.clear()} files (compiled and converted models, stale temporary "
+              f"files) from {cache.folder}")
         return
     entries = cache.entries()
     print(f"{len(entries)} compiled models in {cache.folder}")
     for entry in entries:
-        key = entry.key or {"model": "unreadable entry"}
+        key = entry.key or {}
         when = datetime.datetime.fromtimestamp(entry.modified)
         details = ", ".join(f"{name} {key[name]}" for name in
                             ("graph", "device", "dtype", "precision", "compile_mode", "torch")
                             if name in key)
-        print(f"  {entry.path.name}  model {key['model'][:12]}  {details}  "
+        model = (f"model {key['model'][:12]}" if key
+                 else "unreadable (its model's next load replaces it)")
+        print(f"  {entry.path.name}  {model}  {details}  "
               f"{entry.size / 2**20:.1f} MiB  {when:%Y-%m-%d %H:%M}")
     for name in cache.building():
         print(f"  {name}  being compiled by a process now")

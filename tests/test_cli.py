@@ -234,7 +234,15 @@ def test_compile_fills_the_cache_that_a_later_calculator_starts_from(tmp_path, c
     assert calculator.compile_stats["from_cache"] == 1
     assert calculator.batch_compile_stats["from_cache"] == 1
     main(["cache", "clear", "--cache-dir", str(tmp_path)])
-    assert "removed 3 entries" in capsys.readouterr().out
+    assert "removed 3 files (compiled and converted models" in capsys.readouterr().out
+
+
+def test_cache_list_names_an_unreadable_entry(tmp_path, capsys):
+    (tmp_path / f"{'0' * 32}.fastcalc-compiled").write_bytes(b"not a compiled model")
+    main(["cache", "list", "--cache-dir", str(tmp_path)])
+    listed = capsys.readouterr().out
+    assert listed.startswith("1 compiled models in")
+    assert "unreadable (its model's next load replaces it)" in listed
 
 
 def screen_input(folder) -> str:
