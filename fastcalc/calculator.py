@@ -441,6 +441,7 @@ class TorchCalculator(Calculator):
         stays within a third of the free memory (:data:`BATCH_MEMORY_SHARE`); a batch that
         still runs out of memory is evaluated again in halves.
         """
+        check_step(max_atoms, "max_atoms")
         with self._lock:
             out: list[dict[str, object] | None] = [None] * len(structures)
             groups: dict[Hashable, list[int]] = {}

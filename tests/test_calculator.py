@@ -166,6 +166,12 @@ def test_a_padding_step_or_neighbour_limit_below_one_is_refused_when_built(setti
         morse_calculator(**setting)
 
 
+@pytest.mark.parametrize("max_atoms", [0, -1])
+def test_evaluate_many_refuses_a_budget_below_one_atom(max_atoms):
+    with pytest.raises(ValueError, match=f"max_atoms must be a positive integer, got {max_atoms}"):
+        morse_calculator().evaluate_many([crystal()], max_atoms=max_atoms)
+
+
 def test_a_misspelt_keyword_is_refused_with_the_known_name():
     with pytest.raises(TypeError, match=r"'skinn' \(did you mean 'skin'\?\)"):
         morse_calculator(skinn=1.0)
