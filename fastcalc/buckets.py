@@ -78,7 +78,8 @@ def padded_size(count: int, step: int, fraction: int = ATOM_FRACTION) -> int:
 
     Padding adds less than ``max(step, count / fraction)``.
     """
-    check_step(step, "the padding step")
+    if step < 1:
+        raise ValueError(f"the padding step must be positive, got {step}")
     granule = max(step, 1 << max(count.bit_length() - fraction.bit_length(), 0))
     return max(granule, -(-count // granule) * granule)
 
