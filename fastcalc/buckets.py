@@ -65,10 +65,11 @@ class PaddedEdges:
         return int(self.edge_mask.sum())
 
 
-def check_step(step: int, name: str) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``step`` is a positive integer."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 1:
-        raise ValueError(f"{name} must be a positive integer, got {step!r}")
+def check_positive_int(value: int, name: str) -> None:
+    """Raise ``ValueError`` naming the setting ``name`` unless ``value`` is a positive
+    integer (padding steps, neighbour limits, atom budgets)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def padded_size(count: int, step: int, fraction: int = ATOM_FRACTION) -> int:

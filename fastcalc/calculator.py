@@ -33,7 +33,7 @@ from ase.calculators.calculator import (
 from ase.data import chemical_symbols
 from ase.stress import full_3x3_to_voigt_6_stress
 
-from .buckets import PaddedEdges, check_step, pad_edges, padding_cell, padding_shift
+from .buckets import PaddedEdges, check_positive_int, pad_edges, padding_cell, padding_shift
 from .changes import system_changes
 from .geometry import energy_forces_stress
 from .compile_cache import CacheKey, CompileCache
@@ -441,7 +441,7 @@ class TorchCalculator(Calculator):
         stays within a third of the free memory (:data:`BATCH_MEMORY_SHARE`); a batch that
         still runs out of memory is evaluated again in halves.
         """
-        check_step(max_atoms, "max_atoms")
+        check_positive_int(max_atoms, "max_atoms")
         with self._lock:
             out: list[dict[str, object] | None] = [None] * len(structures)
             groups: dict[Hashable, list[int]] = {}
@@ -847,7 +847,7 @@ class PotentialCalculator(TorchCalculator):
     def __init__(
         self, energy_fn: EnergyFunction, cutoff: float, *, bucket_size: int = 1024, **kwargs
     ) -> None:
-        check_step(bucket_size, "bucket_size")
+        check_positive_int(bucket_size, "bucket_size")
         super().__init__(cutoff, **kwargs)
         self.energy_fn = energy_fn
         self.bucket_size = bucket_size

@@ -281,7 +281,7 @@ def _model_path(model: str) -> Path:
 
 
 def _md(args: argparse.Namespace) -> None:
-    # every mistake that can be found before the model loads is
+    # the mistakes that can be found without the model, before it loads
     atoms = _structure(args.structure, args.small)
     for option, path in (("--output", args.output), ("--log", args.log)):
         if args.structure and path and Path(path).resolve() == Path(args.structure).resolve():

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .buckets import check_step
+from .buckets import check_positive_int
 from .nvalchemiops_import import import_neighbor_list
 from .stderr_filter import NO_CUDA_DRIVER_NOTICE, dropping_stderr_lines
 
@@ -437,7 +437,7 @@ class VerletNeighborList:
         if cutoff <= 0 or skin < 0:
             raise ValueError(f"need cutoff > 0 and skin >= 0, got {cutoff=} and {skin=}")
         if max_neighbors is not None:
-            check_step(max_neighbors, "max_neighbors")
+            check_positive_int(max_neighbors, "max_neighbors")
         self.cutoff = float(cutoff)
         self.skin = float(skin)
         self.max_neighbors = max_neighbors

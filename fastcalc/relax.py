@@ -22,7 +22,7 @@ from ase.calculators.singlepoint import SinglePointCalculator
 from ase.filters import FrechetCellFilter
 from ase.utils.abc import Optimizable
 
-from .buckets import check_step
+from .buckets import check_positive_int
 from .calculator import InvalidAtomsError, TorchCalculator, spans_volume
 from .progress import progress_bar
 
@@ -215,7 +215,7 @@ def irelax(
         raise ValueError(f"fmax must be positive, got {fmax:g} eV/A")
     if max_steps < 0:
         raise ValueError(f"max_steps must not be negative, got {max_steps}")
-    check_step(max_atoms, "max_atoms")
+    check_positive_int(max_atoms, "max_atoms")
     if not hasattr(calc, "evaluate_many"):
         raise TypeError(f"relaxing in batches needs a fastcalc calculator (with "
                         f"evaluate_many), got {type(calc).__name__}")

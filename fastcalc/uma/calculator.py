@@ -23,7 +23,7 @@ import torch
 from ase import Atoms
 
 from ..buckets import (
-    EDGE_FRACTION, atom_mask, check_step, pad_atoms, pad_edges, pad_systems, padded_size,
+    EDGE_FRACTION, atom_mask, check_positive_int, pad_atoms, pad_edges, pad_systems, padded_size,
 )
 from ..calculator import (
     InvalidAtomsError, Result, System, TorchCalculator, resolve_device, to_host,
@@ -159,7 +159,7 @@ class BucketedCalculator(TorchCalculator):
                 stacklevel=2,
             )
             compile_mode = "eager"
-        check_step(bucket_size, "bucket_size")
+        check_positive_int(bucket_size, "bucket_size")
         device = resolve_device(device)  # a missing GPU is named before the checkpoint loads
         name = str(checkpoint) if isinstance(checkpoint, (str, Path)) else type(checkpoint).__name__
         fitted = None
