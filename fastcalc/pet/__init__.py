@@ -17,13 +17,14 @@ from .core import PETCore
 from .energy import EnergyReference, PETResult, apply_reference, energy_and_derivatives, evaluate
 from .hypers import PETHypers
 from .layout import PETLayout, build_layout, structure_layout
-from .load import PETMetadata, load_pet
+from .load import NotPETModelError, PETMetadata, load_pet
 from .padding import PaddedShape, padded_shape
 from .trace import graph_inputs, trace_pet
 
 __all__ = [
     "CompiledPETCalculator",
     "EnergyReference",
+    "NotPETModelError",
     "PETCore",
     "PETHypers",
     "PETLayout",

@@ -5,27 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..archives import archive_members, pickle_strings
 from ..demo_models import PET_DEMO_CU
 from ..registry import ModelFamily, TaskNotSupportedError, register
 from .calculator import CompiledPETCalculator
+from .load import is_pet_file
 
 if TYPE_CHECKING:
     from ..bench.suite import Contest
 
 __all__ = ["FAMILY", "is_pet_file"]
-
-
-def is_pet_file(path: Path) -> bool:
-    """A metatomic export of metatrain's PET (a TorchScript archive with its code), or a
-    metatrain checkpoint (``torch.save`` of a dict) whose ``architecture_name`` is pet."""
-    if any("/code/__torch__/metatrain/pet/" in name for name in archive_members(path)):
-        return True
-    strings = pickle_strings(path)
-    if "architecture_name" not in strings:
-        return False
-    position = strings.index("architecture_name") + 1
-    return strings[position : position + 1] == ["pet"]
 
 
 def _build(

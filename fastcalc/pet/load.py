@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..archives import archive_members, pickle_strings
 from .core import PETCore
 from .energy import EnergyReference
 from .hypers import PETHypers, unsupported_features
@@ -95,6 +96,8 @@ _RENAMES = [
     (r"^(node|edge)_heads\.(\d+)\.2\.", r"\1_heads.\2.out."),
     (r"^(node|edge)_last_layers\.(\d+)\.", r"\1_outputs.\2."),
 ]
+#: The members of a metatomic export of metatrain's PET hold its TorchScript code here.
+_PET_CODE = "/code/__torch__/metatrain/pet/"
 _PER_TARGET = re.compile(
     r"^(node_heads|edge_heads|node_last_layers|edge_last_layers)\.(.+?)\.(\d+)\.(.*)$"
 )
@@ -127,18 +130,67 @@ class PETMetadata:
         return EnergyReference(self.energy_scale, composition)
 
 
+class NotPETModelError(ValueError):
+    """The file is neither a metatomic export nor a metatrain checkpoint of a PET model."""
+
+
+def is_pet_export(path: Path) -> bool:
+    """A metatomic export of metatrain's PET: a TorchScript archive holding PET's code."""
+    return any(_PET_CODE in name for name in archive_members(path))
+
+
+def is_pet_checkpoint(path: Path) -> bool:
+    """A metatrain checkpoint (``torch.save`` of a dict) whose ``architecture_name`` is pet."""
+    return _architecture(pickle_strings(path)) == "pet"
+
+
+def is_pet_file(path: Path) -> bool:
+    """A metatomic export or a metatrain checkpoint of PET, told from the file's content
+    without loading it."""
+    return is_pet_export(path) or is_pet_checkpoint(path)
+
+
+def _architecture(strings: list[str]) -> str | None:
+    """The string after ``architecture_name`` among a pickle's strings, if any."""
+    if "architecture_name" not in strings:
+        return None
+    following = strings[strings.index("architecture_name") + 1 :]
+    return following[0] if following else None
+
+
+def _not_pet(path: Path) -> str:
+    """Why the file at ``path`` cannot be read as PET: what it is, if fastcalc can tell."""
+    from ..registry import UnknownModelError, family_of  # the registry imports this module
+
+    try:
+        family = family_of(path)
+    except UnknownModelError:
+        family = None
+    if family is not None:
+        return (f"{path} is not a PET model but a {family.name} model ({family.formats}); "
+                "fastcalc.models.load_calculator picks the calculator from the file")
+    architecture = _architecture(pickle_strings(path))
+    if architecture is not None:
+        return f"{path} is a metatrain checkpoint of {architecture!r}, not of PET"
+    return (f"{path} is neither a metatomic export (.pt) nor a metatrain checkpoint (.ckpt) "
+            "of a PET model")
+
+
 def load_pet(path: str | Path, target: str = "energy") -> tuple[PETCore, PETMetadata]:
-    """Read a metatomic ``.pt`` export or a metatrain ``.ckpt`` of a PET model (on CPU).
+    """Read a metatomic export or a metatrain checkpoint of a PET model (on CPU), told
+    apart by content, not by suffix; any other file raises :class:`NotPETModelError`.
 
     The core is returned for inference: in eval mode, weights not requiring gradients.
     """
     path = Path(path)
-    if path.suffix == ".ckpt":
+    if is_pet_checkpoint(path):
         pet = _module_from_checkpoint(path)
         units = (
             pet.dataset_info.length_unit,
             pet.dataset_info.targets[target].unit if target in pet.target_names else "",
         )
+    elif not is_pet_export(path):
+        raise NotPETModelError(_not_pet(path))
     else:
         from metatomic.torch import load_atomistic_model
 
@@ -184,8 +236,6 @@ def _module_from_checkpoint(path: Path) -> Any:
             f"reading the metatrain checkpoint {path} requires metatrain to be installed"
         ) from error
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if checkpoint.get("architecture_name") != "pet":
-        raise ValueError(f"{path} holds a {checkpoint.get('architecture_name')!r} model, not PET")
     return model_from_checkpoint(checkpoint, context="export")
 
 

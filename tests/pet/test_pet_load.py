@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from fastcalc.bench.upstream import pet_model
 from fastcalc.pet.hypers import unsupported_features
-from fastcalc.pet.load import load_pet
+from fastcalc.pet.load import NotPETModelError, load_pet
 
 from .support import ATOMIC_TYPES, COMPOSITION, ENERGY_SCALE, metatrain_hypers
 
@@ -65,3 +66,61 @@ def test_checkpoints_need_metatrain(monkeypatch, pet_models):
 def test_unknown_target_is_refused(pet_models):
     with pytest.raises(ValueError, match="no target 'dipole'"):
         load_pet(pet_models["fixed"].pt, target="dipole")
+
+
+def test_a_uma_checkpoint_is_refused_naming_its_family(tmp_path):
+    """Given to the PET calculator, under either suffix, a UMA checkpoint is named as one."""
+    from fastcalc import CompiledPETCalculator
+    from fastcalc.demo_models import UMA_DEMO_CU
+
+    renamed = tmp_path / "uma.ckpt"
+    renamed.write_bytes(UMA_DEMO_CU.read_bytes())
+    for path in (UMA_DEMO_CU, renamed):
+        with pytest.raises(NotPETModelError, match="not a PET model but a uma model"):
+            CompiledPETCalculator(path, device="cpu", cache_dir=False)
+
+
+def _text(path):
+    path.write_text("not a model")
+
+
+def _empty(path):
+    path.write_bytes(b"")
+
+
+def _dict(path):
+    torch.save({"weights": torch.zeros(2)}, path)
+
+
+def _tensor(path):
+    torch.save(torch.zeros(2), path)
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".ckpt"])
+@pytest.mark.parametrize("write", [_text, _empty, _dict, _tensor])
+def test_files_that_hold_no_model_are_refused_by_name(tmp_path, suffix, write):
+    path = tmp_path / f"model{suffix}"
+    write(path)
+    with pytest.raises(NotPETModelError, match=f"{re.escape(str(path))} is neither a metatomic"):
+        load_pet(path)
+
+
+def test_a_checkpoint_of_another_architecture_is_named(tmp_path):
+    path = tmp_path / "model.ckpt"
+    torch.save({"architecture_name": "soap_bpnn", "model_data": {}}, path)
+    with pytest.raises(NotPETModelError, match="checkpoint of 'soap_bpnn', not of PET"):
+        load_pet(path)
+
+
+def test_a_metatomic_export_is_read_whatever_its_suffix(tmp_path):
+    """The file's content, not its name, says how to read it."""
+    from fastcalc.demo_models import PET_DEMO_CU
+
+    renamed = tmp_path / "pet.ckpt"
+    renamed.write_bytes(PET_DEMO_CU.read_bytes())
+    core, metadata = load_pet(renamed)
+    expected_core, expected = load_pet(PET_DEMO_CU)
+    assert metadata.hypers == expected.hypers
+    assert metadata.composition_energies == expected.composition_energies
+    expected_state = expected_core.state_dict()
+    assert all(torch.equal(value, expected_state[key]) for key, value in core.state_dict().items())
