@@ -276,7 +276,7 @@ def _model_path(model: str) -> Path:
     """The file of a bundled model name or a model path, which must exist."""
     try:
         return resolve_model_path(model)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, IsADirectoryError) as error:
         raise UsageError(str(error)) from error
 
 

@@ -104,11 +104,14 @@ def demo_models() -> dict[str, Path]:
 
 def resolve_model_path(model: str | Path) -> Path:
     """The file of a bundled model name, or ``model`` itself as a path that must exist;
-    the error for a misspelt bundled name suggests the closest one."""
+    the error for a misspelt bundled name suggests the closest one, and a folder is named
+    as one."""
     bundled = demo_models()
     if str(model) in bundled:
         return bundled[str(model)]
     path = Path(model).expanduser()
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(model)!r} is a folder, not a model file: name the file")
     if not path.is_file():
         close = difflib.get_close_matches(str(model), bundled, n=1)
         guess = f" (did you mean {close[0]!r}?)" if close else ""

@@ -63,6 +63,7 @@ def cluster(folder) -> str:
         (lambda d: [empty_file(d)], "cannot read a structure from '"),
         (lambda d: [no_atoms(d)], "has no atoms"),
         (lambda d: ["--model", str(d / "missing.pt")], "no model file '"),
+        (lambda d: ["--model", str(d)], "is a folder, not a model file"),
         (lambda d: ["--model", "pet-demo-c"], "no model file 'pet-demo-c' (did you mean "
                                               "'pet-demo-cu'?); bundled models: pet-demo-cu"),
         (lambda d: [gold(d), "--steps", "1"], "the model does not support Au; it supports Cu"),
@@ -83,7 +84,7 @@ def cluster(folder) -> str:
          "is the input structure; write it elsewhere"),
     ],
     ids=["missing structure", "empty structure file", "structure without atoms",
-         "missing model file", "misspelt model", "element the model lacks",
+         "missing model file", "model folder", "misspelt model", "element the model lacks",
          "npt without periodicity", "unknown uma task", "task for pet", "zero steps",
          "negative steps", "zero timestep", "negative timestep", "negative temperature",
          "pdb output", "unknown output suffix", "steps not a number",

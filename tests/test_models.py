@@ -44,6 +44,18 @@ def test_a_missing_model_names_the_bundled_ones():
         resolve_model_path("nope.pt")
 
 
+@pytest.mark.parametrize("family", ["pet", "uma"])
+def test_a_folder_is_named_as_a_folder(family, tmp_path):
+    """Not "no model file": the folder exists, and holding a model is not enough."""
+    from fastcalc import BucketedCalculator, CompiledPETCalculator
+
+    calculator = {"pet": CompiledPETCalculator, "uma": BucketedCalculator}[family]
+    folder = tmp_path / "model.pt"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match=f"'{folder}' is a folder, not a model file"):
+        calculator(folder, device="cpu")
+
+
 def write_zip(path):
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("model/notes.txt", "not a model")
