@@ -1,10 +1,13 @@
 """The examples run to completion (a few steps each)."""
 
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
+README = Path(__file__).parents[1] / "README.md"
 
 
 def test_pair_potential_md_conserves_energy():
@@ -25,6 +28,30 @@ def test_a_third_model_family_is_found_and_passes_check_calculator():
     )
     assert "PotentialCalculator from copper.morse.json" in result.stdout
     assert "checks passed, 1 skipped" in result.stdout  # Morse knows every element
+
+
+def readme_snippet(heading: str) -> str:
+    """The first Python code block of the README's section ``heading``."""
+    section = README.read_text().split(f"\n## {heading}\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_snippet_of_adding_a_model_runs_as_written(tmp_path, monkeypatch):
+    """With examples/morse_family.py's definitions and a fresh registry, the README's lines
+    register the family, load a file of it and pass check_calculator (which raises on
+    any failed check) against ASE's MorsePotential."""
+    from fastcalc import registry
+
+    builtin = dict(registry.families())
+    monkeypatch.setattr(registry, "_registered", dict(builtin))
+    spec = importlib.util.spec_from_file_location("morse_family", EXAMPLES / "morse_family.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.setattr(registry, "_registered", dict(builtin))  # the README registers it
+    parameters = dict(epsilon=0.4, rho0=5.0, r0=2.6, rcut1=1.5, rcut2=2.2)
+    monkeypatch.chdir(tmp_path)
+    Path("copper.morse.json").write_text(json.dumps(parameters))
+    exec(readme_snippet("Adding a model"), {**vars(example), "parameters": parameters})
 
 
 def test_cell_relaxation_finds_the_lattice_constant_of_emt():
