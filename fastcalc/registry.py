@@ -26,6 +26,7 @@ __all__ = [
     "ModelFamily",
     "TaskNotSupportedError",
     "UnknownModelError",
+    "another_family",
     "demo_models",
     "families",
     "family_of",
@@ -129,3 +130,16 @@ def family_of(path: Path) -> ModelFamily:
             return family
     formats = "; ".join(f"{family.name} ({family.formats})" for family in known.values())
     raise UnknownModelError(f"{path} is not a model file of any known family: {formats}")
+
+
+def another_family(path: Path, family: str) -> str:
+    """For an error saying that ``path`` is not a model of ``family``: what it is instead,
+    when another registered family reads it (else nothing), and how to load it."""
+    try:
+        other = family_of(path)
+    except UnknownModelError:
+        return ""
+    if other.name == family:
+        return ""
+    return (f"; it is a {other.name} model ({other.formats}): "
+            "fastcalc.models.load_calculator picks the calculator from the file")

@@ -56,6 +56,20 @@ def test_a_folder_is_named_as_a_folder(family, tmp_path):
         calculator(folder, device="cpu")
 
 
+@pytest.mark.parametrize("kind", ["metatomic export", "metatrain checkpoint"])
+def test_a_pet_model_given_to_the_uma_calculator_is_named_as_one(kind, tmp_path):
+    from fastcalc import BucketedCalculator
+    from fastcalc.demo_models import PET_DEMO_CU
+    from fastcalc.uma import NotUMACheckpointError
+
+    path = PET_DEMO_CU
+    if kind == "metatrain checkpoint":
+        path = tmp_path / "model.ckpt"
+        torch.save(pet_model(PET_TINY, [29]).get_checkpoint(), path)
+    with pytest.raises(NotUMACheckpointError, match="; it is a pet model"):
+        BucketedCalculator(path, device="cpu")
+
+
 def write_zip(path):
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("model/notes.txt", "not a model")

@@ -160,15 +160,10 @@ def _architecture(strings: list[str]) -> str | None:
 
 def _not_pet(path: Path) -> str:
     """Why the file at ``path`` cannot be read as PET: what it is, if fastcalc can tell."""
-    from ..registry import UnknownModelError, family_of  # the registry imports this module
+    from ..registry import another_family  # the registry imports this module
 
-    try:
-        family = family_of(path)
-    except UnknownModelError:
-        family = None
-    if family is not None:
-        return (f"{path} is not a PET model but a {family.name} model ({family.formats}); "
-                "fastcalc.models.load_calculator picks the calculator from the file")
+    if other := another_family(path, "pet"):
+        return f"{path} is not a PET model{other}"
     architecture = _architecture(pickle_strings(path))
     if architecture is not None:
         return f"{path} is a metatrain checkpoint of {architecture!r}, not of PET"

@@ -212,6 +212,14 @@ def _strip_ema_prefix(ema: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _another_family(path: str | Path) -> str:
+    """What the file at ``path`` is, if another model family reads it (see
+    :func:`fastcalc.registry.another_family`)."""
+    from ..registry import another_family  # the registry imports the families' calculators
+
+    return another_family(Path(path), "uma")
+
+
 def load_checkpoint(path: str | Path) -> UMACheckpoint:
     """Read a UMA inference checkpoint; fairchem need not be installed.
 
@@ -224,9 +232,13 @@ def load_checkpoint(path: str | Path) -> UMACheckpoint:
             path, map_location="cpu", pickle_module=_pickle_module, weights_only=False, mmap=mmap
         )
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as err:
-        raise NotUMACheckpointError(f"{path}: not a UMA inference checkpoint ({err})") from err
+        raise NotUMACheckpointError(
+            f"{path}: not a UMA inference checkpoint ({err}){_another_family(path)}"
+        ) from err
     if not (isinstance(raw, _Record) and type(raw).origin == ".".join(CHECKPOINT_CLASS)):
-        raise NotUMACheckpointError(f"{path}: not a fairchem MLIPInferenceCheckpoint")
+        raise NotUMACheckpointError(
+            f"{path}: not a fairchem MLIPInferenceCheckpoint{_another_family(path)}"
+        )
     state = raw.state if isinstance(raw.state, dict) else {}
     model_config = _to_plain(state.get("model_config")) or {}
     backbone = dict(model_config.get("backbone") or {})

@@ -76,7 +76,7 @@ def test_a_uma_checkpoint_is_refused_naming_its_family(tmp_path):
     renamed = tmp_path / "uma.ckpt"
     renamed.write_bytes(UMA_DEMO_CU.read_bytes())
     for path in (UMA_DEMO_CU, renamed):
-        with pytest.raises(NotPETModelError, match="not a PET model but a uma model"):
+        with pytest.raises(NotPETModelError, match="not a PET model; it is a uma model"):
             CompiledPETCalculator(path, device="cpu", cache_dir=False)
 
 
