@@ -215,8 +215,10 @@ class BucketedCalculator(TorchCalculator):
         return 1 if self.task_name == "omol" else 0
 
     def set_task(self, task_name: str) -> None:
-        """Switch the dataset head (re-merged in place, compiled graphs stay valid)."""
+        """Switch the dataset head (re-merged in place, compiled graphs stay valid); the
+        settings that ``todict()`` and so ASE's trajectories record name the new one."""
         self.core.set_task(task_name)
+        self.parameters["task_name"] = task_name
         self.reset()
 
     def memory_estimate(self, atoms: int, neighbors: float) -> float:

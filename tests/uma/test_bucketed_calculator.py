@@ -140,6 +140,15 @@ def test_todict_records_the_settings_that_differ_from_the_defaults(uma_checkpoin
     }
 
 
+def test_after_a_task_switch_todict_records_the_new_task(uma_checkpoints):
+    """A trajectory written after set_task names the task that computed its results, as
+    one written by a calculator built for that task does."""
+    path = uma_checkpoints["main"].path
+    calc = BucketedCalculator(path, task_name="omat", device="cpu")
+    calc.set_task("omol")
+    assert calc.todict() == BucketedCalculator(path, task_name="omol", device="cpu").todict()
+
+
 def test_the_bundled_demo_model_refuses_elements_it_was_not_fitted_on():
     gold = bulk("Au", "fcc", a=4.08)
     gold.calc = BucketedCalculator("uma-demo-cu", device="cpu")
