@@ -250,6 +250,12 @@ def disk_cache(mode: str, cache_dir: str | Path | Literal[False] | None) -> Comp
     return CompileCache(cache_dir)
 
 
+def _recorded_folder(cache_dir: str | Path | Literal[False] | None) -> str | Literal[False] | None:
+    """``cache_dir`` as ``parameters`` records it: a folder as a string (trajectories store
+    strings), None (the default folder) and False (no disk cache) as they are."""
+    return cache_dir if cache_dir is None or cache_dir is False else str(cache_dir)
+
+
 def _refuse_unknown(cls: type, kwargs: dict) -> None:
     """``TypeError`` naming the keywords in ``kwargs`` that neither ``cls``'s constructors
     nor ASE's take (ASE would keep them in ``parameters`` without effect), with the
@@ -358,7 +364,7 @@ class TorchCalculator(Calculator):
         )
         self.parameters.update(
             device=str(self.device), dtype=dtype, precision=precision, skin=skin,
-            max_neighbors=max_neighbors, cache_dir=None if cache_dir is None else str(cache_dir),
+            max_neighbors=max_neighbors, cache_dir=_recorded_folder(cache_dir),
             compile_in_background=compile_in_background,
         )
         self.cache_dir = cache_dir

@@ -358,3 +358,11 @@ def test_compiled_calculator_across_buckets(compile_model):
 def test_todict_records_the_settings_that_differ_from_the_defaults():
     calculator = CompiledPETCalculator("pet-demo-cu", device="cpu", dtype="float64")
     assert calculator.todict() == {"model": "pet-demo-cu", "device": "cpu", "dtype": "float64"}
+
+
+def test_no_disk_cache_is_recorded_as_false_not_as_a_folder_named_false():
+    """A calculator rebuilt from todict() (a trajectory's record) must keep no cache either,
+    and set() takes the constructor's own value as unchanged."""
+    calculator = CompiledPETCalculator("pet-demo-cu", device="cpu", cache_dir=False)
+    assert calculator.todict()["cache_dir"] is False
+    assert calculator.set(cache_dir=False) == {}
