@@ -120,7 +120,8 @@ def _search(
         empty = torch.zeros((2, 0), dtype=torch.long, device=device)
         return empty, empty.new_zeros((0, 3)), width, 0
     batched = cell.ndim == 3
-    cells = cell if batched else cell.unsqueeze(0)
+    # Warp searches in one dtype: the positions' (a float64 cell from ASE is common)
+    cells = (cell if batched else cell.unsqueeze(0)).to(positions.dtype)
     pbcs = (pbc if batched else pbc.unsqueeze(0)).to(device=device, dtype=torch.bool)
     if system_index is None:
         system_index = torch.zeros(n_atoms, dtype=torch.long, device=device)

@@ -80,6 +80,18 @@ def test_matches_ase(name, cutoff):
     assert ours(atoms, cutoff) == ase_edges(atoms, cutoff)
 
 
+@pytest.mark.parametrize("positions, cell", [(torch.float32, torch.float64),
+                                             (torch.float64, torch.float32)])
+def test_a_cell_of_another_dtype_than_the_positions_is_searched(positions, cell):
+    """torch.tensor(atoms.cell.array) is float64 next to float32 positions."""
+    atoms = rattled(bulk("Cu", cubic=True).repeat(2))
+    edge_index, shifts = neighbor_list(
+        torch.tensor(atoms.positions, dtype=positions), torch.tensor(atoms.cell.array, dtype=cell),
+        torch.tensor(atoms.pbc), 3.0,
+    )
+    assert sorted(zip(*edge_index.tolist(), *shifts.T.tolist())) == ase_edges(atoms, 3.0)
+
+
 def test_a_search_leaves_the_inputs_gradients_alone():
     """Positions and cell that require gradients (a model's inputs) get none from the
     search: nvalchemiops' Warp arrays would otherwise make their ``.grad``."""
