@@ -205,14 +205,18 @@ def _integer(key: str, value: object) -> int:
 
 def charge_and_spin(info: dict, default_spin: int = 1) -> tuple[int, int]:
     """Total charge (``info["charge"]``, default 0) and spin multiplicity 2S + 1
-    (``info["spin_multiplicity"]``, else ``info["spin"]``, default ``default_spin``), as
+    (``info["spin_multiplicity"]`` or ``info["spin"]``, default ``default_spin``), as
     integers; integral floats such as ``1.0`` count, anything else is an
-    :class:`InvalidAtomsError`. Models check the ranges they accept."""
-    spin_key = "spin_multiplicity" if "spin_multiplicity" in info else "spin"
-    return (
-        _integer("charge", info.get("charge", 0)),
-        _integer(spin_key, info.get(spin_key, default_spin)),
-    )
+    :class:`InvalidAtomsError`, and so are the two spin keys with different values
+    (metatomic reads the first, fairchem only the second). Models check the ranges they
+    accept."""
+    spins = {key: _integer(key, info[key]) for key in ("spin_multiplicity", "spin") if key in info}
+    if len(set(spins.values())) > 1:
+        raise InvalidAtomsError(
+            f"atoms.info gives spin_multiplicity={spins['spin_multiplicity']} and "
+            f"spin={spins['spin']}: both are the spin multiplicity 2S + 1; keep one"
+        )
+    return _integer("charge", info.get("charge", 0)), next(iter(spins.values()), default_spin)
 
 
 def spans_volume(cell: np.ndarray) -> bool:

@@ -211,7 +211,7 @@ def test_results_do_not_depend_on_the_skin():
 @pytest.mark.parametrize(
     "info, expected",
     [({}, (0, 1)), ({"charge": -1, "spin": 3}, (-1, 3)), ({"charge": 2.0}, (2, 1)),
-     ({"spin_multiplicity": 2, "spin": 5}, (0, 2))],
+     ({"spin_multiplicity": 2}, (0, 2)), ({"spin_multiplicity": 2, "spin": 2.0}, (0, 2))],
 )
 def test_charge_and_spin_read_from_info(info, expected):
     assert charge_and_spin(info) == expected
@@ -221,6 +221,21 @@ def test_charge_and_spin_read_from_info(info, expected):
 def test_non_integer_charge_or_spin_is_refused(info):
     with pytest.raises(InvalidAtomsError, match="must be an integer"):
         charge_and_spin(info)
+
+
+def test_spin_keys_that_disagree_are_refused_and_the_calculator_stays_usable():
+    # metatomic's calculator reads spin_multiplicity first, fairchem's only spin: no
+    # choice between two different values would match both upstreams
+    calc = morse_calculator()
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    atoms.info.update(spin_multiplicity=2, spin=5)
+    atoms.calc = calc
+    with pytest.raises(InvalidAtomsError, match="spin_multiplicity=2 and spin=5"):
+        atoms.get_potential_energy()
+    del atoms.info["spin"]
+    reference = bulk("Cu", "fcc", a=3.6, cubic=True)
+    reference.calc = ase_morse()
+    assert atoms.get_potential_energy() == pytest.approx(reference.get_potential_energy())
 
 
 def test_two_threads_sharing_one_calculator_each_get_their_own_results():
