@@ -18,14 +18,17 @@ from ase.calculators.morse import MorsePotential
 from fastcalc import PotentialCalculator
 from fastcalc.geometry import edge_vectors
 from fastcalc.models import load_calculator
-from fastcalc.registry import ModelFamily, register
+from fastcalc.registry import ModelFamily, TaskNotSupportedError, register
 from fastcalc.testing import check_calculator
 
 
 def morse_calculator(
     path: Path, *, task, device, dtype, compile_mode, **options
 ) -> PotentialCalculator:
-    """ASE's Morse form (pair energy times a smooth cutoff) with the file's parameters."""
+    """ASE's Morse form (pair energy times a smooth cutoff) with the file's parameters;
+    a Morse potential has no tasks, so one asked for is refused rather than ignored."""
+    if task is not None:
+        raise TaskNotSupportedError(f"Morse potentials have no tasks, got task {task!r}")
     p = json.loads(path.read_text())
     r0, cut1, cut2 = p["r0"], p["rcut1"] * p["r0"], p["rcut2"] * p["r0"]
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).parents[1] / "examples"
 README = Path(__file__).parents[1] / "README.md"
 
@@ -52,6 +54,19 @@ def test_the_readme_snippet_of_adding_a_model_runs_as_written(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     Path("copper.morse.json").write_text(json.dumps(parameters))
     exec(readme_snippet("Adding a model"), {**vars(example), "parameters": parameters})
+
+
+def test_the_example_family_refuses_a_task_as_the_builder_protocol_asks(tmp_path, monkeypatch):
+    from fastcalc import registry
+    from fastcalc.models import load_calculator
+
+    monkeypatch.setattr(registry, "_registered", dict(registry.families()))
+    spec = importlib.util.spec_from_file_location("morse_family", EXAMPLES / "morse_family.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    path = tmp_path / "copper.morse.json"
+    path.write_text(json.dumps(dict(epsilon=0.4, rho0=5.0, r0=2.6, rcut1=1.5, rcut2=2.2)))
+    with pytest.raises(registry.TaskNotSupportedError, match="no tasks, got task 'omat'"):
+        load_calculator(path, task="omat", device="cpu")
 
 
 def test_cell_relaxation_finds_the_lattice_constant_of_emt():
