@@ -38,35 +38,43 @@ def readme_snippet(heading: str) -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readme_snippet_of_adding_a_model_runs_as_written(tmp_path, monkeypatch):
+#: The Morse parameters of the examples' copper file.
+MORSE_PARAMETERS = dict(epsilon=0.4, rho0=5.0, r0=2.6, rcut1=1.5, rcut2=2.2)
+
+
+@pytest.fixture
+def morse_example(tmp_path, monkeypatch):
+    """examples/morse_family.py loaded as a module, its family registered in a registry of
+    this test's own; the working folder holds its copper file, copper.morse.json."""
+    from fastcalc import registry
+
+    monkeypatch.setattr(registry, "_registered", dict(registry.families()))
+    spec = importlib.util.spec_from_file_location("morse_family", EXAMPLES / "morse_family.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.chdir(tmp_path)
+    Path("copper.morse.json").write_text(json.dumps(MORSE_PARAMETERS))
+    return example
+
+
+def test_the_readme_snippet_of_adding_a_model_runs_as_written(morse_example, monkeypatch):
     """With examples/morse_family.py's definitions and a fresh registry, the README's lines
     register the family, load a file of it and pass check_calculator (which raises on
     any failed check) against ASE's MorsePotential."""
     from fastcalc import registry
 
-    builtin = dict(registry.families())
-    monkeypatch.setattr(registry, "_registered", dict(builtin))
-    spec = importlib.util.spec_from_file_location("morse_family", EXAMPLES / "morse_family.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    monkeypatch.setattr(registry, "_registered", dict(builtin))  # the README registers it
-    parameters = dict(epsilon=0.4, rho0=5.0, r0=2.6, rcut1=1.5, rcut2=2.2)
-    monkeypatch.chdir(tmp_path)
-    Path("copper.morse.json").write_text(json.dumps(parameters))
-    exec(readme_snippet("Adding a model"), {**vars(example), "parameters": parameters})
+    builtin = {name: family for name, family in registry.families().items() if name != "morse"}
+    monkeypatch.setattr(registry, "_registered", builtin)  # the README registers it
+    names = {**vars(morse_example), "parameters": MORSE_PARAMETERS}
+    exec(readme_snippet("Adding a model"), names)
 
 
-def test_the_example_family_refuses_a_task_as_the_builder_protocol_asks(tmp_path, monkeypatch):
-    from fastcalc import registry
+def test_the_example_family_refuses_a_task_as_the_builder_protocol_asks(morse_example):
     from fastcalc.models import load_calculator
+    from fastcalc.registry import TaskNotSupportedError
 
-    monkeypatch.setattr(registry, "_registered", dict(registry.families()))
-    spec = importlib.util.spec_from_file_location("morse_family", EXAMPLES / "morse_family.py")
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    path = tmp_path / "copper.morse.json"
-    path.write_text(json.dumps(dict(epsilon=0.4, rho0=5.0, r0=2.6, rcut1=1.5, rcut2=2.2)))
-    with pytest.raises(registry.TaskNotSupportedError, match="no tasks, got task 'omat'"):
-        load_calculator(path, task="omat", device="cpu")
+    with pytest.raises(TaskNotSupportedError, match="no tasks, got task 'omat'"):
+        load_calculator("copper.morse.json", task="omat", device="cpu")
 
 
 def test_cell_relaxation_finds_the_lattice_constant_of_emt():
